@@ -1,0 +1,154 @@
+import type { Pool, PoolClient } from "pg";
+
+/**
+ * Versioned migrations for one namespace's schema. Applied under a transaction-scoped advisory
+ * lock keyed by the schema name, so two nodes starting at once serialize: the second waits,
+ * then sees the versions already recorded and applies nothing.
+ *
+ * Times are epoch milliseconds in bigint columns (`..._ms`): the engine computes in ms and
+ * batches thousands of rows through unnest(); conversion to timestamptz is left to readers.
+ */
+const MIGRATIONS: Array<{ version: number; name: string; sql: string }> = [
+  {
+    version: 1,
+    name: "core model",
+    sql: `
+create table meta (key text primary key, value jsonb not null);
+
+create table executors (
+  name text primary key,
+  kind text not null default 'nats' check (kind in ('nats','http')),
+  max_in_flight int not null default 5000 check (max_in_flight > 0),
+  created_ms bigint not null,
+  last_seen_ms bigint
+);
+
+create table tasks (
+  id bigserial primary key,
+  name text not null unique,
+  executor text not null references executors(name),
+  payload jsonb,
+  timeout_ms int not null check (timeout_ms > 0),
+  max_attempts int not null check (max_attempts >= 1),
+  backoff_ms int not null check (backoff_ms >= 0),
+  backoff_max_ms int not null check (backoff_max_ms >= 0),
+  misfire text not null check (misfire in ('once','skip','all')),
+  overlap text not null check (overlap in ('forbid','allow')),
+  shard int not null,
+  state text not null,
+  record jsonb not null,
+  trigger_slots jsonb not null default '{}'::jsonb,
+  next_due_ms bigint,
+  next_slot_ms bigint,
+  next_trigger_id bigint,
+  next_source text,
+  next_reason text,
+  next_caused_by text,
+  created_ms bigint not null,
+  updated_ms bigint not null
+);
+-- Rebuilding a shard's due index reads exactly this.
+create index tasks_shard_due on tasks (shard, next_due_ms) where next_due_ms is not null;
+create index tasks_shard on tasks (shard);
+
+create table triggers (
+  id bigserial primary key,
+  kind text not null check (kind in ('cron','fixed_rate','fixed_delay','once')),
+  spec jsonb not null,
+  enabled boolean not null default true,
+  created_ms bigint not null
+);
+
+create table task_triggers (
+  task_id bigint not null references tasks(id) on delete cascade,
+  trigger_id bigint not null references triggers(id) on delete cascade,
+  primary key (task_id, trigger_id)
+);
+create index task_triggers_trigger on task_triggers (trigger_id);
+
+create table dependencies (
+  downstream bigint not null references tasks(id) on delete cascade,
+  upstream bigint not null references tasks(id) on delete cascade,
+  created_ms bigint not null,
+  primary key (downstream, upstream),
+  check (downstream <> upstream)
+);
+create index dependencies_upstream on dependencies (upstream);
+
+-- One row per attempt: the lineage record ax why reads back.
+create table runs (
+  id text primary key,
+  task_id bigint not null,
+  task_name text not null,
+  trigger_id bigint,
+  source text not null check (source in ('cron','rate','delay','once','manual','dependency','retry','misfire')),
+  due_ms bigint not null,
+  slot_ms bigint,
+  due_reason text,
+  fired_ms bigint,
+  node text,
+  shard int not null,
+  epoch bigint not null,
+  attempt int not null,
+  executor text not null,
+  executor_instance text,
+  started_ms bigint,
+  finished_ms bigint,
+  state text not null check (state in ('running','success','failed','timed_out','refused','skipped')),
+  error text,
+  caused_by text,
+  upstream_runs jsonb,
+  late_outcome text,
+  created_ms bigint not null
+);
+create index runs_task_created on runs (task_id, created_ms desc);
+create index runs_created on runs (created_ms);
+create index runs_running on runs (shard) where state = 'running';
+
+create table shards (
+  shard int primary key,
+  owner text,
+  epoch bigint not null default 0,
+  pinned_to text,
+  updated_ms bigint not null default 0
+);
+`,
+  },
+];
+
+export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+
+export function quoteIdent(id: string): string {
+  return `"${id.replace(/"/g, '""')}"`;
+}
+
+/** Applies every migration not yet recorded. Safe to call from many nodes at once. */
+export async function migrate(pool: Pool, schema: string): Promise<{ applied: number[] }> {
+  const client: PoolClient = await pool.connect();
+  const applied: number[] = [];
+  try {
+    await client.query("begin");
+    await client.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-migrate:${schema}`]);
+    await client.query(`create schema if not exists ${quoteIdent(schema)}`);
+    await client.query(`set local search_path to ${quoteIdent(schema)}`);
+    await client.query(`create table if not exists schema_migrations (version int primary key, name text not null, applied_ms bigint not null)`);
+    const done = new Set((await client.query<{ version: number }>("select version from schema_migrations")).rows.map((r) => r.version));
+    for (const m of MIGRATIONS) {
+      if (done.has(m.version)) continue;
+      await client.query(m.sql);
+      await client.query("insert into schema_migrations (version, name, applied_ms) values ($1, $2, $3)", [m.version, m.name, Date.now()]);
+      applied.push(m.version);
+    }
+    await client.query("commit");
+  } catch (e) {
+    await client.query("rollback").catch(() => undefined);
+    throw e;
+  } finally {
+    client.release();
+  }
+  return { applied };
+}
+
+export async function dropSchema(pool: Pool, schema: string): Promise<void> {
+  await pool.query(`drop schema if exists ${quoteIdent(schema)} cascade`);
+}

@@ -1,0 +1,438 @@
+import pg from "pg";
+import { AxError, InvalidInputError } from "../../common/index.ts";
+import { dropSchema, migrate, quoteIdent } from "./schema.ts";
+import type { NewTask, RunInsert, RunRow, RunUpdate, ShardRow, ShardWrite, TaskRow, TaskUpdate, TriggerRow } from "./types.ts";
+
+// bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
+pg.types.setTypeParser(20, (v: string) => Number(v));
+
+const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
+  t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
+  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
+  coalesce((select json_agg(json_build_object('id', tr.id, 'kind', tr.kind, 'spec', tr.spec, 'enabled', tr.enabled) order by tr.id)
+    from task_triggers tt join triggers tr on tr.id = tt.trigger_id where tt.task_id = t.id), '[]'::json) as triggers,
+  coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') as upstreams`;
+
+type Row = Record<string, unknown>;
+
+function toTask(r: Row): TaskRow {
+  return {
+    id: r.id as number, name: r.name as string, executor: r.executor as string, payload: r.payload,
+    timeoutMs: r.timeout_ms as number, maxAttempts: r.max_attempts as number, backoffMs: r.backoff_ms as number,
+    backoffMaxMs: r.backoff_max_ms as number, misfire: r.misfire as TaskRow["misfire"], overlap: r.overlap as TaskRow["overlap"],
+    shard: r.shard as number, state: r.state as string, record: r.record, triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
+    nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
+    nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
+    nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
+    createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
+    triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string>) ?? []).map(Number),
+  };
+}
+
+function toRun(r: Row): RunRow {
+  return {
+    id: r.id as string, taskId: r.task_id as number, taskName: r.task_name as string, triggerId: r.trigger_id as number | null,
+    source: r.source as RunRow["source"], dueMs: r.due_ms as number, slotMs: r.slot_ms as number | null,
+    dueReason: r.due_reason as string | null, firedMs: r.fired_ms as number | null, node: r.node as string | null,
+    shard: r.shard as number, epoch: r.epoch as number, attempt: r.attempt as number, executor: r.executor as string,
+    executorInstance: r.executor_instance as string | null, startedMs: r.started_ms as number | null,
+    finishedMs: r.finished_ms as number | null, state: r.state as RunRow["state"], error: r.error as string | null,
+    causedBy: r.caused_by as string | null, upstreamRuns: r.upstream_runs as string[] | null,
+    lateOutcome: r.late_outcome as string | null, createdMs: r.created_ms as number,
+  };
+}
+
+export interface StoreOptions { pgUrl: string; schema: string; poolSize?: number }
+
+/**
+ * PostgreSQL access for one namespace. PostgreSQL is the truth; every write a shard actor
+ * makes goes through `writeBatch`, which is fenced by the shard's epoch.
+ */
+export class Store {
+  readonly pool: pg.Pool;
+  readonly schema: string;
+  constructor(opts: StoreOptions) {
+    this.schema = opts.schema;
+    this.pool = new pg.Pool({
+      connectionString: opts.pgUrl,
+      max: opts.poolSize ?? 8,
+      options: `-c search_path=${quoteIdent(opts.schema)}`,
+      application_name: `ax:${opts.schema}`,
+    });
+    // An idle client losing its connection must not crash the node; the next query reconnects.
+    this.pool.on("error", () => undefined);
+  }
+
+  async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
+  async dropNamespace(): Promise<void> { await dropSchema(this.pool, this.schema); }
+  async close(): Promise<void> { await this.pool.end(); }
+
+  // ---- cluster metadata ------------------------------------------------------------------
+
+  /** The shard count is fixed when the cluster is created; later nodes read it back. */
+  async initShardCount(requested: number): Promise<number> {
+    const c = await this.pool.connect();
+    try {
+      await c.query("begin");
+      await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-shards:${this.schema}`]);
+      const r = await c.query("select value from meta where key = 'shard_count'");
+      let count: number;
+      if (r.rowCount) count = Number(r.rows[0].value);
+      else {
+        count = requested;
+        await c.query("insert into meta (key, value) values ('shard_count', $1::jsonb)", [JSON.stringify(count)]);
+        await c.query("insert into shards (shard) select generate_series(0, $1::int - 1) on conflict do nothing", [count]);
+      }
+      await c.query("commit");
+      return count;
+    } catch (e) {
+      await c.query("rollback").catch(() => undefined);
+      throw e;
+    } finally { c.release(); }
+  }
+
+  async listShards(): Promise<ShardRow[]> {
+    const r = await this.pool.query("select shard, owner, epoch, pinned_to, updated_ms from shards order by shard");
+    return r.rows.map((x) => ({ shard: x.shard, owner: x.owner, epoch: x.epoch, pinnedTo: x.pinned_to, updatedMs: x.updated_ms }));
+  }
+
+  /**
+   * Records that `owner` now holds `shard` under `epoch` (the lease revision). Epochs only move
+   * forward: a claim with an epoch not greater than the recorded one changes nothing and
+   * returns false. Takes the row lock, so it waits for any in-flight fenced batch of the old
+   * owner to commit; afterwards every write under an older epoch is refused.
+   */
+  async claimShard(shard: number, owner: string, epoch: number, nowMs: number): Promise<boolean> {
+    const r = await this.pool.query("update shards set owner = $2, epoch = $3, updated_ms = $4 where shard = $1 and epoch < $3",
+      [shard, owner, epoch, nowMs]);
+    return (r.rowCount ?? 0) > 0;
+  }
+
+  async setPin(shard: number, node: string | null): Promise<void> {
+    const r = await this.pool.query("update shards set pinned_to = $2 where shard = $1", [shard, node]);
+    if (!r.rowCount) throw new InvalidInputError("shard", shard, "no such shard");
+  }
+
+  // ---- executors ---------------------------------------------------------------------------
+
+  async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number): Promise<void> {
+    await this.pool.query(
+      `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms) values ($1, $2, coalesce($3, 5000), $4, $4)
+       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight)`,
+      [name, kind, maxInFlight, nowMs]);
+  }
+  async listExecutors(): Promise<Array<{ name: string; kind: string; maxInFlight: number; lastSeenMs: number | null }>> {
+    const r = await this.pool.query("select name, kind, max_in_flight, last_seen_ms from executors order by name");
+    return r.rows.map((x) => ({ name: x.name, kind: x.kind, maxInFlight: x.max_in_flight, lastSeenMs: x.last_seen_ms }));
+  }
+
+  // ---- tasks (API side) -------------------------------------------------------------------
+
+  async createTask(t: NewTask): Promise<TaskRow> {
+    const c = await this.pool.connect();
+    try {
+      await c.query("begin");
+      const ex = await c.query("select 1 from executors where name = $1", [t.executor]);
+      if (!ex.rowCount) throw new InvalidInputError("executor", t.executor, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
+      if (t.upstreams.length) await this.lockGraph(c);
+      let id: number;
+      try {
+        const r = await c.query(
+          `insert into tasks (name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
+             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms)
+           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17) returning id`,
+          [t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
+            t.overlap, t.shard, t.state, JSON.stringify(t.record), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs]);
+        id = r.rows[0].id as number;
+      } catch (e) {
+        if ((e as { code?: string }).code === "23505") throw new InvalidInputError("name", t.name, "a task with this name already exists", "AX_E_CONFLICT");
+        throw e;
+      }
+      let firstTrigger: number | null = null;
+      for (const tr of t.triggers) {
+        const r = await c.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [tr.kind, JSON.stringify(tr.spec), t.nowMs]);
+        const trId = r.rows[0].id as number;
+        firstTrigger ??= trId;
+        await c.query("insert into task_triggers (task_id, trigger_id) values ($1, $2)", [id, trId]);
+      }
+      if (firstTrigger !== null) await c.query("update tasks set next_trigger_id = $2 where id = $1", [id, firstTrigger]);
+      for (const up of t.upstreams) await this.insertEdge(c, id, up, t.nowMs);
+      await c.query("commit");
+    } catch (e) {
+      await c.query("rollback").catch(() => undefined);
+      throw e;
+    } finally { c.release(); }
+    const row = await this.getTask(t.name);
+    return row!;
+  }
+
+  /** By numeric id or by name. */
+  async getTask(ref: string | number): Promise<TaskRow | null> {
+    const byId = typeof ref === "number" || /^\d+$/.test(ref);
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ${byId ? "t.id = $1::bigint" : "t.name = $1"}`, [String(ref)]);
+    if (r.rowCount) return toTask(r.rows[0]);
+    if (byId) { // a task may be named with digits only
+      const r2 = await this.pool.query(`select ${TASK_COLS} from tasks t where t.name = $1`, [String(ref)]);
+      if (r2.rowCount) return toTask(r2.rows[0]);
+    }
+    return null;
+  }
+
+  async requireTask(ref: string | number): Promise<TaskRow> {
+    const t = await this.getTask(ref);
+    if (!t) throw new InvalidInputError("task", ref, "no such task", "AX_E_NOT_FOUND");
+    return t;
+  }
+
+  async listTasks(opts: { limit?: number; shard?: number } = {}): Promise<TaskRow[]> {
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
+      [opts.limit ?? 1000, opts.shard ?? null]);
+    return r.rows.map(toTask);
+  }
+
+  async fetchTasks(shard: number, ids: number[]): Promise<TaskRow[]> {
+    if (!ids.length) return [];
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where t.id = any($1::bigint[]) and t.shard = $2`, [ids, shard]);
+    return r.rows.map(toTask);
+  }
+
+  async deleteTask(id: number): Promise<void> {
+    await this.pool.query("delete from triggers where id in (select trigger_id from task_triggers where task_id = $1)", [id]);
+    await this.pool.query("delete from tasks where id = $1", [id]);
+  }
+
+  async countTasksByShard(): Promise<Map<number, { tasks: number; dueSoon: number }>> {
+    const r = await this.pool.query(
+      "select shard, count(*)::int as n, count(*) filter (where next_due_ms < $1)::int as soon from tasks group by shard", [Date.now() + 60_000]);
+    return new Map(r.rows.map((x) => [x.shard as number, { tasks: x.n as number, dueSoon: x.soon as number }]));
+  }
+
+  // ---- dependencies -------------------------------------------------------------------------
+
+  /** Serializes every change to the graph cluster-wide, so two concurrent edges cannot both pass the cycle check. */
+  private async lockGraph(c: pg.PoolClient): Promise<void> {
+    await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-graph:${this.schema}`]);
+  }
+
+  private async insertEdge(c: pg.PoolClient, downstream: number, upstream: number, nowMs: number): Promise<void> {
+    if (downstream === upstream) throw new AxError("AX_E_CYCLE", "a task cannot depend on itself", { field: "after", value: upstream });
+    const r = await c.query("select downstream, upstream from dependencies");
+    const edges = r.rows.map((x) => [x.upstream as number, x.downstream as number] as const);
+    edges.push([upstream, downstream]);
+    const cycle = findCycle(edges);
+    if (cycle) {
+      const names = await c.query("select id, name from tasks where id = any($1::bigint[])", [cycle]);
+      const byId = new Map(names.rows.map((x) => [x.id as number, x.name as string]));
+      const path = cycle.map((id) => byId.get(id) ?? String(id));
+      throw new AxError("AX_E_CYCLE", `dependency would close a cycle: ${path.join(" → ")}`, { field: "after", value: path });
+    }
+    await c.query("insert into dependencies (downstream, upstream, created_ms) values ($1, $2, $3) on conflict do nothing", [downstream, upstream, nowMs]);
+  }
+
+  async addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> {
+    const c = await this.pool.connect();
+    try {
+      await c.query("begin");
+      await this.lockGraph(c);
+      await this.insertEdge(c, downstream, upstream, nowMs);
+      await c.query("commit");
+    } catch (e) {
+      await c.query("rollback").catch(() => undefined);
+      throw e;
+    } finally { c.release(); }
+  }
+
+  async removeDependency(downstream: number, upstream: number): Promise<boolean> {
+    const r = await this.pool.query("delete from dependencies where downstream = $1 and upstream = $2", [downstream, upstream]);
+    return (r.rowCount ?? 0) > 0;
+  }
+
+  async downstreamsOf(upstream: number): Promise<Array<{ id: number; name: string; shard: number }>> {
+    const r = await this.pool.query("select t.id, t.name, t.shard from dependencies d join tasks t on t.id = d.downstream where d.upstream = $1 order by t.id", [upstream]);
+    return r.rows.map((x) => ({ id: x.id, name: x.name, shard: x.shard }));
+  }
+
+  async allEdges(): Promise<Array<{ upstream: number; downstream: number }>> {
+    const r = await this.pool.query("select upstream, downstream from dependencies");
+    return r.rows.map((x) => ({ upstream: x.upstream, downstream: x.downstream }));
+  }
+
+  // ---- runs ------------------------------------------------------------------------------------
+
+  async listRuns(taskId: number, limit: number): Promise<RunRow[]> {
+    const r = await this.pool.query("select * from runs where task_id = $1 order by created_ms desc, id desc limit $2", [taskId, limit]);
+    return r.rows.map(toRun);
+  }
+  async getRun(id: string): Promise<RunRow | null> {
+    const r = await this.pool.query("select * from runs where id = $1", [id]);
+    return r.rowCount ? toRun(r.rows[0]) : null;
+  }
+  async getRuns(ids: string[]): Promise<RunRow[]> {
+    if (!ids.length) return [];
+    const r = await this.pool.query("select * from runs where id = any($1::text[])", [ids]);
+    return r.rows.map(toRun);
+  }
+  async runningRuns(shard: number): Promise<RunRow[]> {
+    const r = await this.pool.query("select * from runs where shard = $1 and state = 'running'", [shard]);
+    return r.rows.map(toRun);
+  }
+  async lastRunOf(taskId: number): Promise<RunRow | null> {
+    const r = await this.pool.query("select * from runs where task_id = $1 and state <> 'skipped' order by created_ms desc limit 1", [taskId]);
+    return r.rowCount ? toRun(r.rows[0]) : null;
+  }
+
+  /** Deletes history older than `beforeMs` in small batches so firing never waits on a long lock. */
+  async pruneRuns(beforeMs: number, batch = 5000, maxBatches = 100): Promise<number> {
+    let total = 0;
+    for (let i = 0; i < maxBatches; i++) {
+      const r = await this.pool.query(
+        "delete from runs where id in (select id from runs where created_ms < $1 and state <> 'running' limit $2)", [beforeMs, batch]);
+      total += r.rowCount ?? 0;
+      if ((r.rowCount ?? 0) < batch) break;
+    }
+    return total;
+  }
+
+  // ---- shard actor side: rebuild and fenced batches ----------------------------------------
+
+  async dueOfShard(shard: number): Promise<Array<{ id: number; dueMs: number }>> {
+    const r = await this.pool.query("select id, next_due_ms from tasks where shard = $1 and next_due_ms is not null", [shard]);
+    return r.rows.map((x) => ({ id: x.id, dueMs: x.next_due_ms }));
+  }
+
+  /**
+   * Fenced batch write. Inputs: writes from one or many shards, each under the epoch its
+   * actor believes current. Guarantee: in one transaction, each shard's `shards` row is locked
+   * FOR SHARE and its epoch compared; writes of a shard whose epoch is not current change
+   * nothing and the shard is returned in `stale`. Because `claimShard` needs the row lock, a
+   * new owner's claim waits for this transaction, and after it no write of the old epoch lands.
+   */
+  async writeBatch(writes: ShardWrite[]): Promise<{ stale: number[] }> {
+    if (!writes.length) return { stale: [] };
+    const c = await this.pool.connect();
+    try {
+      await c.query("begin");
+      const fence = await c.query(
+        `select s.shard from shards s join unnest($1::int[], $2::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch
+         for share of s`, [writes.map((w) => w.shard), writes.map((w) => w.epoch)]);
+      const ok = new Set(fence.rows.map((x) => x.shard as number));
+      const live = writes.filter((w) => ok.has(w.shard));
+      const ins = live.flatMap((w) => w.runInserts);
+      const upd = live.flatMap((w) => w.runUpdates);
+      const tasks = live.flatMap((w) => w.taskUpdates);
+      if (ins.length) await insertRuns(c, ins);
+      if (upd.length) await updateRuns(c, upd);
+      if (tasks.length) await updateTasks(c, tasks);
+      await c.query("commit");
+      return { stale: writes.filter((w) => !ok.has(w.shard)).map((w) => w.shard) };
+    } catch (e) {
+      await c.query("rollback").catch(() => undefined);
+      throw e;
+    } finally { c.release(); }
+  }
+}
+
+async function insertRuns(c: pg.PoolClient, rows: RunInsert[]): Promise<void> {
+  await c.query(
+    `insert into runs (id, task_id, task_name, trigger_id, source, due_ms, slot_ms, due_reason, fired_ms, node, shard, epoch, attempt,
+       executor, state, error, caused_by, upstream_runs, finished_ms, created_ms)
+     select * from unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::text[],
+       $9::bigint[], $10::text[], $11::int[], $12::bigint[], $13::int[], $14::text[], $15::text[], $16::text[], $17::text[],
+       $18::jsonb[], $19::bigint[], $20::bigint[])
+     on conflict (id) do nothing`,
+    [rows.map((r) => r.id), rows.map((r) => r.taskId), rows.map((r) => r.taskName), rows.map((r) => r.triggerId),
+      rows.map((r) => r.source), rows.map((r) => r.dueMs), rows.map((r) => r.slotMs), rows.map((r) => r.dueReason),
+      rows.map((r) => r.firedMs), rows.map((r) => r.node), rows.map((r) => r.shard), rows.map((r) => r.epoch),
+      rows.map((r) => r.attempt), rows.map((r) => r.executor), rows.map((r) => r.state), rows.map((r) => r.error),
+      rows.map((r) => r.causedBy), rows.map((r) => (r.upstreamRuns ? JSON.stringify(r.upstreamRuns) : null)),
+      rows.map((r) => r.finishedMs ?? null), rows.map((r) => r.createdMs)]);
+}
+
+async function updateRuns(c: pg.PoolClient, rows: RunUpdate[]): Promise<void> {
+  // Several updates of one run may arrive in one batch (started, then completed): fold them first.
+  const folded = new Map<string, RunUpdate>();
+  for (const u of rows) folded.set(u.id, { ...folded.get(u.id), ...stripUndefined(u) } as RunUpdate);
+  const list = [...folded.values()];
+  await c.query(
+    `update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
+       finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
+       error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
+     from unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[])
+       u(id, state, started_ms, finished_ms, instance, error, late)
+     where r.id = u.id`,
+    [list.map((u) => u.id), list.map((u) => u.state ?? null), list.map((u) => u.startedMs ?? null), list.map((u) => u.finishedMs ?? null),
+      list.map((u) => u.executorInstance ?? null), list.map((u) => u.error ?? null), list.map((u) => u.lateOutcome ?? null)]);
+}
+
+async function updateTasks(c: pg.PoolClient, rows: TaskUpdate[]): Promise<void> {
+  const folded = new Map<number, TaskUpdate>();
+  for (const u of rows) folded.set(u.id, u); // the last decision of a tick wins: the machine already folded the history
+  const list = [...folded.values()];
+  await c.query(
+    `update tasks t set state = u.state, record = u.record, trigger_slots = u.slots, next_due_ms = u.due, next_slot_ms = u.slot,
+       next_trigger_id = u.trig, next_source = u.source, next_reason = u.reason, next_caused_by = u.caused, updated_ms = $11
+     from unnest($1::bigint[], $2::text[], $3::jsonb[], $4::jsonb[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[])
+       u(id, state, record, slots, due, slot, trig, source, reason, caused)
+     where t.id = u.id`,
+    [list.map((u) => u.id), list.map((u) => u.state), list.map((u) => JSON.stringify(u.record)), list.map((u) => JSON.stringify(u.triggerSlots)),
+      list.map((u) => u.nextDueMs), list.map((u) => u.nextSlotMs), list.map((u) => u.nextTriggerId), list.map((u) => u.nextSource),
+      list.map((u) => u.nextReason), list.map((u) => u.nextCausedBy), Date.now()]);
+}
+
+function stripUndefined<T extends object>(o: T): Partial<T> {
+  const out: Partial<T> = {};
+  for (const [k, v] of Object.entries(o)) if (v !== undefined) (out as Record<string, unknown>)[k] = v;
+  return out;
+}
+
+/**
+ * Kahn's topological sort over edges [upstream, downstream]; when nodes remain, walks the
+ * remaining subgraph to name one cycle as a closed path (A, B, C, A).
+ */
+export function findCycle(edges: ReadonlyArray<readonly [number, number]>): number[] | null {
+  const out = new Map<number, number[]>();
+  const indeg = new Map<number, number>();
+  for (const [a, b] of edges) {
+    if (!out.has(a)) out.set(a, []);
+    if (!out.has(b)) out.set(b, []);
+    out.get(a)!.push(b);
+    indeg.set(b, (indeg.get(b) ?? 0) + 1);
+    if (!indeg.has(a)) indeg.set(a, 0);
+  }
+  const queue = [...indeg].filter(([, d]) => d === 0).map(([n]) => n);
+  while (queue.length) {
+    const n = queue.pop()!;
+    for (const m of out.get(n)!) {
+      const d = indeg.get(m)! - 1;
+      indeg.set(m, d);
+      if (d === 0) queue.push(m);
+    }
+  }
+  const left = new Set([...indeg].filter(([, d]) => d > 0).map(([n]) => n));
+  if (!left.size) return null;
+  // Every remaining node has an in-edge from a remaining node; follow successors until one repeats.
+  const start = left.values().next().value as number;
+  const path: number[] = [start];
+  const seen = new Map<number, number>([[start, 0]]);
+  let cur = start;
+  for (;;) {
+    const next = out.get(cur)!.find((m) => left.has(m) && canReach(out, left, m, cur));
+    if (next === undefined) return null;
+    if (seen.has(next)) return [...path.slice(seen.get(next)!), next];
+    seen.set(next, path.length);
+    path.push(next);
+    cur = next;
+  }
+}
+
+function canReach(out: Map<number, number[]>, within: Set<number>, from: number, to: number): boolean {
+  const stack = [from]; const seen = new Set<number>();
+  while (stack.length) {
+    const n = stack.pop()!;
+    if (n === to) return true;
+    if (seen.has(n)) continue;
+    seen.add(n);
+    for (const m of out.get(n) ?? []) if (within.has(m)) stack.push(m);
+  }
+  return false;
+}

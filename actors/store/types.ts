@@ -1,0 +1,121 @@
+/** Row shapes as the engine sees them (bigint columns parsed to numbers: ids and epoch ms fit in 2^53). */
+export type MisfirePolicy = "once" | "skip" | "all";
+export type OverlapPolicy = "forbid" | "allow";
+export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire";
+export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped";
+
+export interface TriggerRow { id: number; kind: "cron" | "fixed_rate" | "fixed_delay" | "once"; spec: unknown; enabled: boolean }
+
+export interface TaskRow {
+  id: number;
+  name: string;
+  executor: string;
+  payload: unknown;
+  timeoutMs: number;
+  maxAttempts: number;
+  backoffMs: number;
+  backoffMaxMs: number;
+  misfire: MisfirePolicy;
+  overlap: OverlapPolicy;
+  shard: number;
+  state: string;
+  record: unknown;
+  triggerSlots: Record<string, number>;
+  nextDueMs: number | null;
+  nextSlotMs: number | null;
+  nextTriggerId: number | null;
+  nextSource: RunSource | null;
+  nextReason: string | null;
+  nextCausedBy: string | null;
+  createdMs: number;
+  updatedMs: number;
+  triggers: TriggerRow[];
+  upstreams: number[];
+}
+
+export interface NewTask {
+  name: string;
+  executor: string;
+  payload: unknown;
+  timeoutMs: number;
+  maxAttempts: number;
+  backoffMs: number;
+  backoffMaxMs: number;
+  misfire: MisfirePolicy;
+  overlap: OverlapPolicy;
+  shard: number;
+  state: string;
+  record: unknown;
+  triggers: Array<{ kind: TriggerRow["kind"]; spec: unknown }>;
+  upstreams: number[];
+  nextDueMs: number | null;
+  nextSlotMs: number | null;
+  nextSource: RunSource | null;
+  nextReason: string | null;
+  nowMs: number;
+}
+
+export interface RunRow {
+  id: string;
+  taskId: number;
+  taskName: string;
+  triggerId: number | null;
+  source: RunSource;
+  dueMs: number;
+  slotMs: number | null;
+  dueReason: string | null;
+  firedMs: number | null;
+  node: string | null;
+  shard: number;
+  epoch: number;
+  attempt: number;
+  executor: string;
+  executorInstance: string | null;
+  startedMs: number | null;
+  finishedMs: number | null;
+  state: RunState;
+  error: string | null;
+  causedBy: string | null;
+  upstreamRuns: string[] | null;
+  lateOutcome: string | null;
+  createdMs: number;
+}
+
+export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome"> & {
+  finishedMs?: number | null;
+};
+
+/** Only the fields given are changed (null/undefined = keep). */
+export interface RunUpdate {
+  id: string;
+  state?: RunState;
+  startedMs?: number;
+  finishedMs?: number;
+  executorInstance?: string;
+  error?: string;
+  lateOutcome?: string;
+}
+
+export interface TaskUpdate {
+  id: number;
+  state: string;
+  record: unknown;
+  triggerSlots: Record<string, number>;
+  nextDueMs: number | null;
+  nextSlotMs: number | null;
+  nextTriggerId: number | null;
+  nextSource: RunSource | null;
+  nextReason: string | null;
+  nextCausedBy: string | null;
+}
+
+/** Everything one shard wants written in one tick, under the epoch it believes it holds. */
+export interface ShardWrite {
+  shard: number;
+  epoch: number;
+  runInserts: RunInsert[];
+  runUpdates: RunUpdate[];
+  taskUpdates: TaskUpdate[];
+}
+
+export interface ShardRow { shard: number; owner: string | null; epoch: number; pinnedTo: string | null; updatedMs: number }

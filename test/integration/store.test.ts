@@ -1,0 +1,130 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DueIndex, Store, findCycle, type NewTask, type RunInsert } from "../../actors/store/index.ts";
+import { testNamespace, testConfig } from "../helpers.ts";
+
+const ns = testNamespace("store");
+const cfg = testConfig(ns);
+const store = new Store({ pgUrl: cfg.pgUrl, schema: ns });
+const due = new DueIndex(cfg.redisUrl, ns);
+
+function newTask(name: string, over: Partial<NewTask> = {}): NewTask {
+  return {
+    name, executor: "ex", payload: { n: 1 }, timeoutMs: 30_000, maxAttempts: 3, backoffMs: 1000, backoffMaxMs: 60_000,
+    misfire: "once", overlap: "forbid", shard: 1, state: "pending", record: { value: "pending", context: {} },
+    triggers: [{ kind: "fixed_rate", spec: { kind: "fixed_rate", everyMs: 1000, anchorMs: 0 } }], upstreams: [],
+    nextDueMs: 5000, nextSlotMs: 5000, nextSource: "rate", nextReason: "first slot", nowMs: 1000, ...over,
+  };
+}
+
+function run(id: string, taskId: number, shard: number, epoch: number): RunInsert {
+  return {
+    id, taskId, taskName: "a", triggerId: null, source: "rate", dueMs: 5000, slotMs: 5000, dueReason: "r", firedMs: 5001,
+    node: "n1", shard, epoch, attempt: 1, executor: "ex", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: 5001,
+  };
+}
+
+beforeAll(async () => {
+  // Two nodes migrating at the same instant: the advisory lock serializes them, one applies.
+  const other = new Store({ pgUrl: cfg.pgUrl, schema: ns });
+  const [a, b] = await Promise.all([store.migrate(), other.migrate()]);
+  await other.close();
+  expect([...a.applied, ...b.applied]).toEqual([1]);
+  expect(await store.initShardCount(4)).toBe(4);
+  expect(await store.initShardCount(64)).toBe(4); // fixed at creation
+  await store.upsertExecutor("ex", "nats", null, 1000);
+});
+
+afterAll(async () => {
+  await store.dropNamespace();
+  await due.dropNamespace();
+  await store.close();
+  await due.close();
+});
+
+describe("store", () => {
+  it("creates tasks with triggers and refuses duplicates and unknown executors by field", async () => {
+    const t = await store.createTask(newTask("a"));
+    expect(t.id).toBeGreaterThan(0);
+    expect(t.triggers).toHaveLength(1);
+    expect(t.nextTriggerId).toBe(t.triggers[0]!.id);
+    await expect(store.createTask(newTask("a"))).rejects.toMatchObject({ code: "AX_E_CONFLICT", field: "name" });
+    await expect(store.createTask(newTask("b", { executor: "nope" }))).rejects.toMatchObject({ code: "AX_E_NOT_FOUND", field: "executor", value: "nope" });
+  });
+
+  it("fences batch writes by epoch: a stale epoch changes nothing and is reported", async () => {
+    const t = (await store.getTask("a"))!;
+    expect(await store.claimShard(1, "n1", 10, 1)).toBe(true);
+    const ok = await store.writeBatch([{ shard: 1, epoch: 10, runInserts: [run("r1", t.id, 1, 10)], runUpdates: [], taskUpdates: [] }]);
+    expect(ok.stale).toEqual([]);
+    // A new owner claims with a higher epoch; an older claim can never win back.
+    expect(await store.claimShard(1, "n2", 11, 2)).toBe(true);
+    expect(await store.claimShard(1, "n1", 10, 3)).toBe(false);
+    const stale = await store.writeBatch([{
+      shard: 1, epoch: 10, runInserts: [run("r2", t.id, 1, 10)], runUpdates: [{ id: "r1", state: "success", finishedMs: 9 }],
+      taskUpdates: [{ id: t.id, state: "running", record: {}, triggerSlots: {}, nextDueMs: null, nextSlotMs: null, nextTriggerId: null, nextSource: null, nextReason: null, nextCausedBy: null }],
+    }]);
+    expect(stale.stale).toEqual([1]);
+    expect(await store.getRun("r2")).toBeNull();
+    expect((await store.getRun("r1"))!.state).toBe("running");
+    expect((await store.getTask(t.id))!.state).toBe("pending");
+    const good = await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [], runUpdates: [{ id: "r1", startedMs: 7 }, { id: "r1", state: "success", finishedMs: 9 }], taskUpdates: [] }]);
+    expect(good.stale).toEqual([]);
+    expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9 });
+  });
+
+  it("a fenced batch and a concurrent claim serialize: the claim waits for the batch", async () => {
+    const t = (await store.getTask("a"))!;
+    const writes = Array.from({ length: 20 }, (_, i) => store.writeBatch([{ shard: 1, epoch: 11, runInserts: [run(`c${i}`, t.id, 1, 11)], runUpdates: [], taskUpdates: [] }]));
+    const claim = store.claimShard(1, "n3", 12, 4);
+    const results = await Promise.all(writes);
+    expect(await claim).toBe(true);
+    const landed = results.filter((r) => r.stale.length === 0).length;
+    const rows = await store.getRuns(Array.from({ length: 20 }, (_, i) => `c${i}`));
+    expect(rows.length).toBe(landed); // every write either landed whole or was refused whole
+    expect(rows.every((r) => r.epoch === 11)).toBe(true);
+  });
+
+  it("refuses a dependency cycle naming it, direct or through three tasks", async () => {
+    const x = await store.createTask(newTask("x"));
+    const y = await store.createTask(newTask("y", { upstreams: [x.id] }));
+    const z = await store.createTask(newTask("z", { upstreams: [y.id] }));
+    await expect(store.addDependency(x.id, z.id, 1)).rejects.toMatchObject({ code: "AX_E_CYCLE" });
+    await expect(store.addDependency(x.id, z.id, 1)).rejects.toThrow(/x → y → z → x|y → z → x → y|z → x → y → z/);
+    await expect(store.addDependency(x.id, y.id, 1)).rejects.toThrow(/cycle/);
+    await expect(store.addDependency(x.id, x.id, 1)).rejects.toMatchObject({ code: "AX_E_CYCLE" });
+    // Two edges that each are fine alone but close a cycle together, added at once: one is refused.
+    const p = await store.createTask(newTask("p"));
+    const q = await store.createTask(newTask("q"));
+    const results = await Promise.allSettled([store.addDependency(p.id, q.id, 1), store.addDependency(q.id, p.id, 1)]);
+    expect(results.filter((r) => r.status === "fulfilled")).toHaveLength(1);
+    expect((await store.downstreamsOf(x.id)).map((d) => d.name)).toEqual(["y"]);
+  });
+
+  it("findCycle is null on a DAG and names a closed path otherwise", () => {
+    expect(findCycle([[1, 2], [2, 3], [1, 3]])).toBeNull();
+    expect(findCycle([[1, 2], [2, 3], [3, 1], [3, 4]])).toHaveLength(4);
+  });
+
+  it("due index: take is atomic, rebuild restores from PostgreSQL after Redis loses it", async () => {
+    await due.rebuild(2, [{ id: 1, dueMs: 100 }, { id: 2, dueMs: 200 }, { id: 3, dueMs: 300 }]);
+    expect(await due.isBuilt(2)).toBe(true);
+    const [a, b] = await Promise.all([due.takeDue(2, 250, 10), due.takeDue(2, 250, 10)]);
+    expect([...a, ...b].map((x) => x.id).sort()).toEqual([1, 2]);
+    expect(await due.size(2)).toBe(1);
+    await due.dropNamespace(); // Redis lost everything
+    expect(await due.isBuilt(2)).toBe(false);
+    const fromPg = await store.dueOfShard(1);
+    await due.rebuild(1, fromPg);
+    expect(await due.size(1)).toBe(fromPg.length);
+  });
+
+  it("prunes old history in batches and keeps running runs", async () => {
+    const t = (await store.getTask("a"))!;
+    const epoch = (await store.listShards()).find((s) => s.shard === 1)!.epoch;
+    const old = Array.from({ length: 30 }, (_, i) => ({ ...run(`old${i}`, t.id, 1, epoch), state: i === 0 ? "running" as const : "success" as const, createdMs: 10 }));
+    await store.writeBatch([{ shard: 1, epoch, runInserts: old, runUpdates: [], taskUpdates: [] }]);
+    const removed = await store.pruneRuns(11, 7);
+    expect(removed).toBe(29);
+    expect(await store.getRun("old0")).not.toBeNull();
+  });
+});
