@@ -70,6 +70,9 @@ create table dependencies (
   downstream bigint not null references tasks(id) on delete cascade,
   upstream bigint not null references tasks(id) on delete cascade,
   created_ms bigint not null,
+  -- The upstream's latest success not yet consumed by a downstream run (DependencyActor).
+  satisfied_run text,
+  satisfied_ms bigint,
   primary key (downstream, upstream),
   check (downstream <> upstream)
 );

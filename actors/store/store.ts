@@ -11,7 +11,8 @@ const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_atte
   t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
   coalesce((select json_agg(json_build_object('id', tr.id, 'kind', tr.kind, 'spec', tr.spec, 'enabled', tr.enabled) order by tr.id)
     from task_triggers tt join triggers tr on tr.id = tt.trigger_id where tt.task_id = t.id), '[]'::json) as triggers,
-  coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') as upstreams`;
+  coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') as upstreams,
+  exists (select 1 from dependencies d where d.upstream = t.id) as has_downstreams`;
 
 type Row = Record<string, unknown>;
 
@@ -26,6 +27,7 @@ function toTask(r: Row): TaskRow {
     nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
     createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
     triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string>) ?? []).map(Number),
+    hasDownstreams: r.has_downstreams === true,
   };
 }
 
@@ -135,15 +137,15 @@ export class Store {
       const ex = await c.query("select 1 from executors where name = $1", [t.executor]);
       if (!ex.rowCount) throw new InvalidInputError("executor", t.executor, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
       if (t.upstreams.length) await this.lockGraph(c);
-      let id: number;
+      const id = Number((await c.query("select nextval(pg_get_serial_sequence('tasks', 'id')) as id")).rows[0].id);
+      const shard = t.shardOf(id);
       try {
-        const r = await c.query(
+        await c.query(
           `insert into tasks (name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
-             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms)
-           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17) returning id`,
+             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms, id)
+           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17,$18)`,
           [t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
-            t.overlap, t.shard, t.state, JSON.stringify(t.record), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs]);
-        id = r.rows[0].id as number;
+            t.overlap, shard, t.state, JSON.stringify(t.record), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id]);
       } catch (e) {
         if ((e as { code?: string }).code === "23505") throw new InvalidInputError("name", t.name, "a task with this name already exists", "AX_E_CONFLICT");
         throw e;

@@ -31,6 +31,7 @@ export interface TaskRow {
   updatedMs: number;
   triggers: TriggerRow[];
   upstreams: number[];
+  hasDownstreams: boolean;
 }
 
 export interface NewTask {
@@ -43,7 +44,8 @@ export interface NewTask {
   backoffMaxMs: number;
   misfire: MisfirePolicy;
   overlap: OverlapPolicy;
-  shard: number;
+  /** task → shard by a stable hash of the id the database assigns. */
+  shardOf: (id: number) => number;
   state: string;
   record: unknown;
   triggers: Array<{ kind: TriggerRow["kind"]; spec: unknown }>;

@@ -10,7 +10,7 @@ const due = new DueIndex(cfg.redisUrl, ns);
 function newTask(name: string, over: Partial<NewTask> = {}): NewTask {
   return {
     name, executor: "ex", payload: { n: 1 }, timeoutMs: 30_000, maxAttempts: 3, backoffMs: 1000, backoffMaxMs: 60_000,
-    misfire: "once", overlap: "forbid", shard: 1, state: "pending", record: { value: "pending", context: {} },
+    misfire: "once", overlap: "forbid", shardOf: () => 1, state: "pending", record: { value: "pending", context: {} },
     triggers: [{ kind: "fixed_rate", spec: { kind: "fixed_rate", everyMs: 1000, anchorMs: 0 } }], upstreams: [],
     nextDueMs: 5000, nextSlotMs: 5000, nextSource: "rate", nextReason: "first slot", nowMs: 1000, ...over,
   };

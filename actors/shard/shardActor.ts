@@ -1,0 +1,651 @@
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
+import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
+import {
+  DependencyTriggerSchema, EventBatchSchema, decode, derivedRunId, encode, newRunId, shardEventsConsumer, shardTriggerConsumer,
+  type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
+} from "../../protocol/index.ts";
+import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
+import { HashedWheel, type WheelRef } from "../wheel/index.ts";
+import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
+import type { InFlightLimiter } from "../limiter.ts";
+import type { Persister } from "../persister.ts";
+import { backoffMs, nextPointer, type Pointer } from "./schedule.ts";
+
+export interface ShardActorDeps {
+  nodeId: string;
+  store: Store;
+  due: DueIndex;
+  persister: Persister;
+  limiter: InFlightLimiter;
+  nc: NatsConnection;
+  js: JetStreamClient;
+  names: Names;
+  clock: Clock;
+  log: Logger;
+  tickMs: number;
+  wheelSize: number;
+  /** How far ahead due times are taken from Redis into the wheel. */
+  horizonMs?: number;
+  /** Lease still valid? Checked before anything is fired. */
+  leaseValid: () => boolean;
+  /** Told when a write was refused for a stale epoch: the shard must stop. */
+  onFenced: (shard: number) => void;
+  events?: ShardEvents;
+  random?: () => number;
+}
+
+/** Typed, namespaced events for metrics, logs and the dashboard. */
+export interface ShardEvents {
+  "run:fired"?: (e: { shard: number; runId: string; taskId: number; lateMs: number; source: RunSource }) => void;
+  "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string }) => void;
+}
+
+export type ShardCommand =
+  | { type: "load"; taskId: number }
+  | { type: "run"; taskId: number; payload?: unknown; force: boolean }
+  | { type: "pause"; taskId: number }
+  | { type: "resume"; taskId: number }
+  | { type: "cancel"; taskId: number };
+
+export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
+
+type WheelItem = { k: 0; id: number } | { k: 1; runId: string };
+
+interface InFlightRun {
+  runId: string;
+  taskId: number;
+  executor: string;
+  timeoutMs: number;
+  ref: WheelRef | null;
+}
+
+interface LiveTask { row: TaskRow; skippedWhileRunning: number }
+
+type Mail =
+  | { t: "due"; items: Array<{ dueMs: number; item: WheelItem }>; lateMs: number }
+  | { t: "events"; events: RunEvent[]; instance: string; msg: JsMsg }
+  | { t: "trigger"; trig: DependencyTrigger; msg: JsMsg }
+  | { t: "cmd"; cmd: ShardCommand; reply: (r: CommandReply) => void }
+  | { t: "refill" };
+
+/** The effects of one round, applied after its write is durable. */
+interface Round {
+  write: ShardWrite;
+  dispatch: Map<string, DispatchRun[]>;
+  acks: JsMsg[];
+  naks: JsMsg[];
+  redisAdd: Array<{ id: number; dueMs: number }>;
+  redisRemove: number[];
+  outcomes: Outcome[];
+  replies: Array<() => void>;
+  touched: Set<number>;
+}
+
+const GRACE_MS = 1000;
+
+/**
+ * One owned shard: its wheel, its tasks' state machines, its dispatch. An actor: state is
+ * private and everything arrives as mail, handled in rounds. A round takes all mail queued,
+ * decides with the pure machine and scheduler, writes every change in one fenced batch, and
+ * only then applies effects (publish dispatches, ack events, update the due index, reply).
+ * A crash between write and effect leaves runs `running` in PostgreSQL; the next owner times
+ * them out and retries: nothing is lost, and nothing is fired twice for one slot.
+ *
+ * Lifecycle: created → loading (rebuild due index from PostgreSQL, load running runs) →
+ * active (rounds) → stopping (no new fires; flush; ack) → stopped. `fence()` from the
+ * outside (lease lost) stops at once without writing anything.
+ */
+export class ShardActor {
+  readonly shard: number;
+  readonly epoch: number;
+  private readonly d: ShardActorDeps;
+  private readonly log: Logger;
+  private readonly wheel: HashedWheel<WheelItem>;
+  private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef }>();
+  private readonly inFlight = new Map<string, InFlightRun>();
+  private readonly live = new Map<number, LiveTask>();
+  private mail: Mail[] = [];
+  private processing = false;
+  private idle: Promise<void> = Promise.resolve();
+  private idleResolve: (() => void) | null = null;
+  private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
+  private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private consumers: ConsumerMessages[] = [];
+  private consumerLoops: Array<Promise<void>> = [];
+  private readonly horizonMs: number;
+  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0 };
+
+  constructor(shard: number, epoch: number, deps: ShardActorDeps) {
+    this.shard = shard;
+    this.epoch = epoch;
+    this.d = deps;
+    this.log = deps.log.child({ shard, epoch });
+    this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
+    this.wheel = new HashedWheel<WheelItem>({
+      tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
+      onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),
+    });
+  }
+
+  get status() { return this.state; }
+  get inFlightCount() { return this.inFlight.size; }
+  get wheelSize() { return this.wheel.size; }
+
+  async start(): Promise<void> {
+    this.state = "loading";
+    const t0 = this.d.clock.monotonic();
+    const dueRows = await this.d.store.dueOfShard(this.shard);
+    await this.d.due.rebuild(this.shard, dueRows);
+    const running = await this.d.store.runningRuns(this.shard);
+    const now = this.d.clock.now();
+    for (const r of running) this.adoptRunning(r, now);
+    this.state = "active";
+    this.wheel.start();
+    await this.refill();
+    this.scheduleRefill();
+    await this.startConsumers();
+    this.log.info({ tasksDue: dueRows.length, running: running.length, ms: Math.round(this.d.clock.monotonic() - t0) }, "shard:acquired");
+  }
+
+  /** A run found `running` at load: track its timeout from its fire time (its heartbeats are not known). */
+  private adoptRunning(r: RunRow, now: number): void {
+    this.d.limiter.force(r.executor);
+    const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs: 30_000, ref: null };
+    this.inFlight.set(r.id, run);
+    // The timeout is re-read from the task when it fires; until then assume the default.
+    const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
+    run.ref = this.wheel.add(deadline, { k: 1, runId: r.id });
+  }
+
+  private async startConsumers(): Promise<void> {
+    const ev = await this.d.js.consumers.get(this.d.names.eventsStream, shardEventsConsumer(this.shard));
+    const evMsgs = await ev.consume({ max_messages: 256 });
+    const tr = await this.d.js.consumers.get(this.d.names.eventsStream, shardTriggerConsumer(this.shard));
+    const trMsgs = await tr.consume({ max_messages: 64 });
+    this.consumers.push(evMsgs, trMsgs);
+    this.consumerLoops.push((async () => {
+      for await (const m of evMsgs) {
+        if (this.state !== "active") continue; // not acked: redelivered to the next owner
+        const dec = decode(EventBatchSchema, m.data);
+        if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed event batch refused"); m.term(); continue; }
+        if (dec.value.shard !== this.shard) { this.log.warn({ got: dec.value.shard }, "event batch for another shard refused"); m.term(); continue; }
+        this.tell({ t: "events", events: dec.value.events, instance: dec.value.instance, msg: m });
+      }
+    })().catch((e) => this.log.warn({ err: String(e) }, "event consumer ended")));
+    this.consumerLoops.push((async () => {
+      for await (const m of trMsgs) {
+        if (this.state !== "active") continue;
+        const dec = decode(DependencyTriggerSchema, m.data);
+        if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed dependency trigger refused"); m.term(); continue; }
+        this.tell({ t: "trigger", trig: dec.value, msg: m });
+      }
+    })().catch((e) => this.log.warn({ err: String(e) }, "trigger consumer ended")));
+  }
+
+  private scheduleRefill(): void {
+    if (this.state !== "active") return;
+    this.refillTimer = this.d.clock.setTimeout(() => this.tell({ t: "refill" }), Math.max(200, Math.floor(this.horizonMs / 4)));
+  }
+
+  tell(m: Mail): void {
+    if (this.state === "stopped") {
+      if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is not owned here any more; retry`).toJSON() });
+      return;
+    }
+    this.mail.push(m);
+    if (!this.processing) {
+      this.processing = true;
+      this.idle = new Promise((r) => { this.idleResolve = r; });
+      setImmediate(() => { void this.loop(); });
+    }
+  }
+
+  command(cmd: ShardCommand): Promise<CommandReply> {
+    return new Promise((resolve) => this.tell({ t: "cmd", cmd, reply: resolve }));
+  }
+
+  private async loop(): Promise<void> {
+    try {
+      while (this.mail.length && this.state !== "stopped") {
+        const batch = this.mail.splice(0);
+        try {
+          await this.round(batch);
+        } catch (e) {
+          this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; its mail will be redelivered");
+          for (const m of batch) {
+            if (m.t === "events" || m.t === "trigger") m.msg.nak(1000);
+            if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_INTERNAL", String(e)).toJSON() });
+          }
+          await new Promise((r) => setTimeout(r, 200));
+        }
+      }
+    } finally {
+      this.processing = false;
+      this.idleResolve?.();
+    }
+  }
+
+  private newRound(): Round {
+    return {
+      write: { shard: this.shard, epoch: this.epoch, runInserts: [], runUpdates: [], taskUpdates: [] },
+      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(),
+    };
+  }
+
+  private async round(batch: Mail[]): Promise<void> {
+    const round = this.newRound();
+    const now = this.d.clock.now();
+    const canFire = this.state === "active" && this.d.leaseValid();
+    // Gather which tasks this round needs and load those not live, in one query.
+    const need = new Set<number>();
+    for (const m of batch) {
+      if (m.t === "due") for (const it of m.items) if (it.item.k === 0) need.add(it.item.id);
+      if (m.t === "cmd") need.add(m.cmd.taskId);
+      if (m.t === "trigger") need.add(m.trig.taskId);
+    }
+    const missing = [...need].filter((id) => !this.live.has(id));
+    for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+
+    for (const m of batch) {
+      switch (m.t) {
+        case "due": {
+          if (m.lateMs > 0) { this.stats.lastLateMs = m.lateMs; this.stats.maxLateMs = Math.max(this.stats.maxLateMs, m.lateMs); }
+          for (const it of m.items) {
+            if (it.item.k === 1) { this.onTimeout(round, it.item.runId, now); continue; }
+            const w = this.inWheel.get(it.item.id);
+            if (!w || w.dueMs !== it.dueMs) continue; // superseded by a later schedule
+            this.inWheel.delete(it.item.id);
+            if (!canFire) { round.redisAdd.push({ id: it.item.id, dueMs: it.dueMs }); continue; }
+            this.onDue(round, it.item.id, it.dueMs, now);
+          }
+          break;
+        }
+        case "events":
+          this.onEvents(round, m.events, m.instance, now);
+          round.acks.push(m.msg);
+          break;
+        case "trigger":
+          if (!canFire) { round.naks.push(m.msg); break; }
+          await this.onDependencyTrigger(round, m.trig, m.msg, now);
+          break;
+        case "cmd":
+          this.onCommand(round, m.cmd, m.reply, now, canFire);
+          break;
+        case "refill":
+          await this.refill();
+          this.scheduleRefill();
+          break;
+      }
+    }
+    await this.commit(round);
+  }
+
+  // ---- decisions -------------------------------------------------------------------------
+
+  private transition(lt: LiveTask, ev: TaskEvent): ReturnType<typeof applyEvent> {
+    const res = applyEvent(lt.row.record as TaskRecord, ev);
+    if (res.ok) { lt.row.record = res.record; lt.row.state = res.to; }
+    return res;
+  }
+
+  private setPointer(round: Round, lt: LiveTask, p: Pointer | null): void {
+    const row = lt.row;
+    row.nextDueMs = p?.dueMs ?? null;
+    row.nextSlotMs = p?.slotMs ?? null;
+    row.nextTriggerId = p?.triggerId ?? null;
+    row.nextSource = p?.source ?? null;
+    row.nextReason = p?.reason ?? null;
+    row.nextCausedBy = p?.causedBy ?? null;
+    this.unschedule(round, row.id);
+    if (p) this.schedule(round, row.id, p.dueMs);
+    round.touched.add(row.id);
+  }
+
+  private schedule(round: Round, id: number, dueMs: number): void {
+    if (dueMs <= this.d.clock.now() + this.horizonMs) {
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id }) });
+    } else {
+      round.redisAdd.push({ id, dueMs });
+    }
+  }
+
+  private unschedule(round: Round, id: number): void {
+    const w = this.inWheel.get(id);
+    if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(id); }
+    round.redisRemove.push(id);
+  }
+
+  private onDue(round: Round, taskId: number, dueMs: number, now: number): void {
+    const lt = this.live.get(taskId);
+    if (!lt) return; // deleted
+    const row = lt.row;
+    if (row.nextDueMs !== dueMs || row.state === "paused" || row.state === "cancelled") return;
+    let p: Pointer = {
+      dueMs, slotMs: row.nextSlotMs, triggerId: row.nextTriggerId, source: row.nextSource ?? "once",
+      reason: row.nextReason ?? "", causedBy: row.nextCausedBy,
+    };
+    const scheduled = p.source !== "retry" && p.source !== "misfire" && p.source !== "dependency";
+    if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay") {
+      // Came due while nobody owned the shard (node down, hand-over): the misfire policy decides.
+      const np = nextPointer(row, now);
+      if (!np) { this.setPointer(round, lt, null); return; }
+      if (np.dueMs > now + this.d.tickMs) { this.setPointer(round, lt, np); return; } // skip: resume cadence
+      p = np;
+    }
+    this.fire(round, lt, p, now, {});
+  }
+
+  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string }): void {
+    const row = lt.row;
+    const runId = opts.runId ?? newRunId(now);
+    const source: RunSource = opts.manual ? "manual" : p.source;
+    const advanceSchedule = !opts.manual && source !== "dependency";
+    const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
+    const base: RunInsert = {
+      id: runId, taskId: row.id, taskName: row.name, triggerId: opts.manual ? null : p.triggerId, source,
+      dueMs: opts.manual ? now : p.dueMs, slotMs: opts.manual ? null : p.slotMs, dueReason: opts.manual ? `manual run${opts.manual.force ? " (--force)" : ""}` : p.reason,
+      firedMs: now, node: this.d.nodeId, shard: this.shard, epoch: this.epoch, attempt: (row.record as TaskRecord).context.attempt,
+      executor: row.executor, state: "running", error: null, causedBy: p.causedBy, upstreamRuns: opts.upstreamRuns ?? null, createdMs: now,
+    };
+    if (!res.ok) {
+      if (opts.manual) {
+        const e = res.code === "AX_E_TASK_RUNNING"
+          ? new AxError("AX_E_TASK_RUNNING", `task is running (run ${res.runningRunId})`, { field: "task", value: { task: row.name, runId: res.runningRunId } })
+          : new AxError("AX_E_CONFLICT", row.state === "paused" ? "task is paused (use --force to run it anyway)" : res.reason, { field: "task", value: row.name });
+        opts.manual.reply({ ok: false, error: e.toJSON() });
+        return;
+      }
+      if (res.code === "AX_E_TASK_RUNNING" && advanceSchedule) {
+        // overlap=forbid: the slot is not fired; the record says so and why.
+        this.stats.skipped++;
+        lt.skippedWhileRunning++;
+        round.write.runInserts.push({ ...base, attempt: 0, state: "skipped", finishedMs: now, error: `not fired: previous run ${res.runningRunId} still in flight (overlap=forbid)` });
+        this.advanceAfterFire(round, lt, p, now);
+      } else {
+        this.log.warn({ taskId: row.id, reason: res.reason }, "fire refused by the machine");
+        this.setPointer(round, lt, null);
+      }
+      return;
+    }
+    if (!this.d.limiter.tryAcquire(row.executor)) {
+      // Bounded dispatch: refused, not queued. The run goes to retry with backoff.
+      this.stats.refused++;
+      this.transition(lt, { type: "REFUSED", runId, reason: "executor full" });
+      const delay = backoffMs(1, Math.max(row.backoffMs, 100), Math.max(row.backoffMaxMs, 1000), this.d.random);
+      const why = `refused: executor ${row.executor} has ${this.d.limiter.inFlight(row.executor)} runs in flight (limit ${this.d.limiter.limitOf(row.executor)}); retry in ${delay}ms`;
+      round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
+      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...row.triggerSlots, [String(p.triggerId)]: p.slotMs };
+      this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
+      opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
+      return;
+    }
+    this.stats.fired++;
+    round.write.runInserts.push(base);
+    const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null };
+    run.ref = this.wheel.add(now + row.timeoutMs, { k: 1, runId });
+    this.inFlight.set(runId, run);
+    let list = round.dispatch.get(row.executor);
+    if (!list) { list = []; round.dispatch.set(row.executor, list); }
+    list.push({
+      runId, taskId: row.id, taskName: row.name, attempt: base.attempt, source, payload: opts.manual?.payload ?? row.payload,
+      scheduledAt: base.dueMs, firedAt: now, timeoutMs: row.timeoutMs,
+    });
+    this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: now - base.dueMs, source });
+    if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
+    if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
+    else round.touched.add(row.id);
+  }
+
+  /** After a scheduled slot fired (or was skipped): remember the slot, point at the next one. */
+  private advanceAfterFire(round: Round, lt: LiveTask, p: Pointer, now: number): void {
+    const row = lt.row;
+    if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry") row.triggerSlots = { ...row.triggerSlots, [String(p.triggerId)]: p.slotMs };
+    // A fixed-delay trigger counts from completion: nothing is due until the run ends.
+    this.setPointer(round, lt, nextPointer(row, now));
+  }
+
+  private onEvents(round: Round, events: RunEvent[], instance: string, now: number): void {
+    for (const ev of events) {
+      const run = this.inFlight.get(ev.runId);
+      if (ev.type === "started") {
+        round.write.runUpdates.push({ id: ev.runId, startedMs: ev.at, executorInstance: instance });
+        if (run) this.extend(run, now);
+        continue;
+      }
+      if (ev.type === "progress") { if (run) this.extend(run, now); continue; }
+      const ok = ev.type === "completed";
+      if (!run) {
+        // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
+        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance });
+        continue;
+      }
+      this.finishRun(round, run, now, ok ? { type: "SUCCEEDED", runId: run.runId } : {
+        type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
+      }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }) });
+    }
+  }
+
+  private extend(run: InFlightRun, now: number): void {
+    if (run.ref) this.wheel.cancel(run.ref);
+    run.ref = this.wheel.add(now + run.timeoutMs, { k: 1, runId: run.runId });
+  }
+
+  private onTimeout(round: Round, runId: string, now: number): void {
+    const run = this.inFlight.get(runId);
+    if (!run) return;
+    if (!this.live.has(run.taskId)) {
+      // Adopted at load: the task row comes with the next round.
+      void this.d.store.fetchTasks(this.shard, [run.taskId]).then((rows) => {
+        for (const row of rows) if (!this.live.has(row.id)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+        this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
+      });
+      return;
+    }
+    this.stats.timedOut++;
+    this.finishRun(round, run, now, { type: "TIMED_OUT", runId }, { finishedMs: now, state: "timed_out", error: `no completion or heartbeat within ${run.timeoutMs}ms` });
+  }
+
+  private finishRun(round: Round, run: InFlightRun, now: number, ev: TaskEvent, upd: Omit<RunUpdate, "id">): void {
+    this.inFlight.delete(run.runId);
+    if (run.ref) this.wheel.cancel(run.ref);
+    this.d.limiter.release(run.executor);
+    this.stats.finished++;
+    round.write.runUpdates.push({ id: run.runId, ...upd });
+    this.d.events?.["run:finished"]?.({ shard: this.shard, runId: run.runId, taskId: run.taskId, state: upd.state ?? "?" });
+    const lt = this.live.get(run.taskId);
+    if (!lt) return; // task removed meanwhile
+    const res = this.transition(lt, ev);
+    if (!res.ok) { this.log.warn({ taskId: run.taskId, runId: run.runId, reason: res.reason }, "completion refused by the machine"); return; }
+    round.touched.add(lt.row.id);
+    if (res.to === "running" || res.to === "paused" || res.to === "cancelled") return;
+    const row = lt.row;
+    if (res.to === "retry") {
+      const attempt = (row.record as TaskRecord).context.attempt;
+      const delay = backoffMs(attempt, row.backoffMs, row.backoffMaxMs, this.d.random);
+      this.setPointer(round, lt, {
+        dueMs: now + delay, slotMs: row.nextSlotMs, triggerId: row.nextTriggerId, source: "retry", causedBy: run.runId,
+        reason: `retry ${attempt + 1}/${row.maxAttempts} of run ${run.runId} (${upd.state}: ${upd.error ?? ""}), backoff ${delay}ms`,
+      });
+      return;
+    }
+    // The chain ended (success, or failed with no attempts left).
+    if (row.hasDownstreams) round.outcomes.push({ taskId: row.id, runId: run.runId, outcome: res.to === "success" ? "success" : "failed", at: now, ...(upd.error ? { reason: upd.error } : {}) });
+    let p = nextPointer(row, now, { completedMs: upd.finishedMs ?? now });
+    if (lt.skippedWhileRunning > 0 && row.misfire !== "skip" && p && p.dueMs > now) {
+      p = { ...p, dueMs: now, source: "misfire", causedBy: run.runId,
+        reason: `catch-up (misfire=${row.misfire}): ${lt.skippedWhileRunning} slot(s) came due while run ${run.runId} was in flight` };
+    }
+    lt.skippedWhileRunning = 0;
+    this.setPointer(round, lt, p);
+  }
+
+  private async onDependencyTrigger(round: Round, trig: DependencyTrigger, msg: JsMsg, now: number): Promise<void> {
+    const lt = this.live.get(trig.taskId);
+    if (!lt) { round.acks.push(msg); return; }
+    if (trig.kind === "upstream_failed") {
+      const res = this.transition(lt, { type: "UPSTREAM_FAILED", upstreamRunId: trig.upstreamRuns[0] ?? "", reason: trig.reason });
+      if (res.ok) {
+        round.touched.add(lt.row.id);
+        if (lt.row.hasDownstreams) round.outcomes.push({ taskId: lt.row.id, runId: trig.upstreamRuns[0] ?? trig.key, outcome: "upstream_failed", at: now, reason: trig.reason });
+      }
+      round.acks.push(msg);
+      return;
+    }
+    // The run id is derived from the trigger's key: a redelivered trigger finds its run and stops.
+    const runId = derivedRunId("rd", `${trig.taskId}:${trig.key}`);
+    if ((await this.d.store.getRuns([runId])).length || this.inFlight.has(runId)) { round.acks.push(msg); return; }
+    const before = this.stats.fired;
+    this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId });
+    if (this.stats.fired > before || !this.inFlight.has(runId) && round.write.runInserts.some((r) => r.id === runId)) round.acks.push(msg);
+    else round.naks.push(msg); // running (overlap=forbid): try again shortly
+  }
+
+  private onCommand(round: Round, cmd: ShardCommand, reply: (r: CommandReply) => void, now: number, canFire: boolean): void {
+    const lt = this.live.get(cmd.taskId);
+    const fail = (e: AxError) => reply({ ok: false, error: e.toJSON() });
+    if (!lt) {
+      if (cmd.type === "cancel") { reply({ ok: true }); return; }
+      fail(new AxError("AX_E_NOT_FOUND", `no task ${cmd.taskId} on shard ${this.shard}`, { field: "task", value: cmd.taskId }));
+      return;
+    }
+    if (!canFire && cmd.type !== "load") { fail(new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is handing over; retry`)); return; }
+    switch (cmd.type) {
+      case "load": {
+        if (lt.row.nextDueMs !== null) {
+          this.unschedule(round, lt.row.id);
+          round.redisRemove.pop(); // keep the index entry the API wrote
+          this.schedule(round, lt.row.id, lt.row.nextDueMs);
+        }
+        reply({ ok: true });
+        return;
+      }
+      case "run":
+        this.fire(round, lt, { dueMs: now, slotMs: null, triggerId: null, source: "manual", causedBy: null, reason: "manual" }, now,
+          { manual: { force: cmd.force, payload: cmd.payload ?? lt.row.payload, reply } });
+        return;
+      case "pause": {
+        const res = this.transition(lt, { type: "PAUSE" });
+        if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
+        this.setPointer(round, lt, null);
+        round.replies.push(() => reply({ ok: true, value: { state: lt.row.state } }));
+        return;
+      }
+      case "resume": {
+        const res = this.transition(lt, { type: "RESUME" });
+        if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
+        // Missed slots while paused: the misfire policy decides, as after downtime.
+        if (res.to !== "running") this.setPointer(round, lt, nextPointer(lt.row, now));
+        round.touched.add(lt.row.id);
+        round.replies.push(() => reply({ ok: true, value: { state: lt.row.state, nextDueMs: lt.row.nextDueMs } }));
+        return;
+      }
+      case "cancel": {
+        this.transition(lt, { type: "CANCEL" });
+        this.setPointer(round, lt, null);
+        round.replies.push(() => reply({ ok: true }));
+        return;
+      }
+    }
+  }
+
+  // ---- effects -----------------------------------------------------------------------------
+
+  private async commit(round: Round): Promise<void> {
+    for (const id of round.touched) {
+      const lt = this.live.get(id);
+      if (!lt) continue;
+      const r = lt.row;
+      const u: TaskUpdate = {
+        id, state: r.state, record: r.record, triggerSlots: r.triggerSlots, nextDueMs: r.nextDueMs, nextSlotMs: r.nextSlotMs,
+        nextTriggerId: r.nextTriggerId, nextSource: r.nextSource, nextReason: r.nextReason, nextCausedBy: r.nextCausedBy,
+      };
+      round.write.taskUpdates.push(u);
+    }
+    const stale = await this.d.persister.submit(round.write);
+    if (stale) {
+      this.log.error("epoch is no longer current: write refused, shard stops");
+      for (const m of round.acks) m.nak();
+      this.fence();
+      this.d.onFenced(this.shard);
+      return;
+    }
+    const jobs: Array<Promise<unknown>> = [];
+    for (const [executor, runs] of round.dispatch) {
+      for (let i = 0; i < runs.length; i += 200) {
+        const chunk = runs.slice(i, i + 200);
+        const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs: chunk });
+        jobs.push(this.d.js.publish(this.d.names.dispatchSubject(executor), data, { msgID: `d:${chunk[0]!.runId}` })
+          .catch((e) => this.log.error({ err: String(e), executor, runs: chunk.length }, "dispatch publish failed; runs will time out and retry")));
+      }
+    }
+    if (round.outcomes.length) {
+      jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
+        .catch((e) => this.log.error({ err: String(e) }, "outcome publish failed")));
+    }
+    const removeSet = new Set(round.redisRemove);
+    for (const a of round.redisAdd) removeSet.delete(a.id);
+    if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
+    if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
+    await Promise.all(jobs);
+    for (const m of round.acks) m.ack();
+    for (const m of round.naks) m.nak(1000);
+    for (const r of round.replies) r();
+    // Idle tasks leave memory: PostgreSQL holds them, the wheel or Redis holds their due time.
+    for (const id of round.touched) {
+      const lt = this.live.get(id);
+      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0) this.live.delete(id);
+    }
+    for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
+  }
+
+  private async refill(): Promise<void> {
+    if (this.state !== "active") return;
+    if (!(await this.d.due.isBuilt(this.shard))) {
+      this.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
+      await this.d.due.rebuild(this.shard, await this.d.store.dueOfShard(this.shard));
+    }
+    for (;;) {
+      const items = await this.d.due.takeDue(this.shard, this.d.clock.now() + this.horizonMs, 5000);
+      for (const it of items) {
+        const w = this.inWheel.get(it.id);
+        if (w && w.dueMs === it.dueMs) continue;
+        if (w) this.wheel.cancel(w.ref);
+        this.inWheel.set(it.id, { dueMs: it.dueMs, ref: this.wheel.add(it.dueMs, { k: 0, id: it.id }) });
+      }
+      if (items.length < 5000) break;
+    }
+  }
+
+  // ---- stopping -----------------------------------------------------------------------------
+
+  /** Planned hand-over: stop firing, finish the current round, give due times back to Redis. */
+  async stop(): Promise<void> {
+    if (this.state === "stopped" || this.state === "stopping") return;
+    this.state = "stopping";
+    this.wheel.stop();
+    if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
+    for (const c of this.consumers) await c.close().catch(() => undefined);
+    while (this.processing) await this.idle;
+    const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
+    if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
+    for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
+    this.inFlight.clear();
+    this.state = "stopped";
+    this.log.info({ returned: back.length }, "shard:released");
+  }
+
+  /** Lease lost: stop now, write nothing more. */
+  fence(): void {
+    if (this.state === "stopped") return;
+    this.state = "stopped";
+    this.wheel.stop();
+    if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
+    for (const c of this.consumers) void c.close().catch(() => undefined);
+    for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
+    this.inFlight.clear();
+    for (const m of this.mail) if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
+    this.mail = [];
+    this.log.warn("lease:lost — shard stopped");
+  }
+}

@@ -1,0 +1,124 @@
+import { InvalidInputError, formatDuration, parseDuration } from "../../common/index.ts";
+import { MAX_TRIGGER_DURATION_MS, compileTrigger } from "./compile.ts";
+import { validateCron } from "./cron.ts";
+import type { TriggerSpec } from "./types.ts";
+import { canonicalTimeZone, isoUtc } from "./zone.ts";
+
+export interface TriggerInput {
+  cron?: string;
+  tz?: string;
+  every?: string | number;
+  fixedDelay?: string | number;
+  at?: string;
+  delay?: string | number;
+}
+
+const KIND_FIELDS = ["cron", "every", "fixedDelay", "at", "delay"] as const;
+
+// CLI flags and JSON bodies say "absent" as undefined or null; both mean "not given".
+const given = (v: unknown): boolean => v !== undefined && v !== null;
+
+function duration(field: string, value: unknown): number {
+  if (typeof value !== "string" && typeof value !== "number") {
+    throw new InvalidInputError(field, value, "must be a duration such as 10s or a number of milliseconds", "AX_E_DURATION");
+  }
+  const ms = parseDuration(field, value);
+  // parseDuration rounds: 0.4 passes its "> 0" check and comes back as 0, an endless loop.
+  if (ms < 1) throw new InvalidInputError(field, value, "must be at least 1ms", "AX_E_DURATION");
+  if (ms > MAX_TRIGGER_DURATION_MS) throw new InvalidInputError(field, value, `must be at most ${formatDuration(MAX_TRIGGER_DURATION_MS)}`, "AX_E_DURATION");
+  return ms;
+}
+
+const ISO_RE = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d+))?)?(Z|[+-]\d{2}:?\d{2})?$/i;
+
+/**
+ * Parses an ISO-8601 instant that carries its own offset. Done by hand rather than with
+ * Date.parse, whose handling of "2026-02-30", "+0800" and offset-less strings varies and, worst,
+ * reads an offset-less time in the server's local zone.
+ */
+export function parseIsoInstant(field: string, input: unknown): number {
+  const refuse = (why: string): never => { throw new InvalidInputError(field, input, why, "AX_E_TRIGGER"); };
+  if (typeof input !== "string") return refuse("must be an ISO-8601 time such as 2026-03-08T09:00:00Z");
+  const m = ISO_RE.exec(input.trim());
+  if (!m) return refuse("not an ISO-8601 time; use e.g. 2026-03-08T09:00:00Z or 2026-03-08T17:00:00+08:00");
+  const [, y, mo, d, h, mi, s = "0", frac = "", off] = m;
+  if (off === undefined) return refuse("needs a time-zone offset or Z (e.g. 2026-03-08T09:00:00+08:00); a local time is ambiguous");
+  const year = Number(y), month = Number(mo), day = Number(d), hour = Number(h), minute = Number(mi), second = Number(s);
+  if (month < 1 || month > 12) refuse(`month ${mo} is out of range 01-12`);
+  const daysInMonth = new Date(Date.UTC(2000, month, 0)).getUTCDate() - (month === 2 && !isLeap(year) ? 1 : 0);
+  if (day < 1 || day > daysInMonth) refuse(`day ${d} does not exist in ${y}-${mo}`);
+  if (hour > 23) refuse(`hour ${h} is out of range 00-23`);
+  if (minute > 59) refuse(`minute ${mi} is out of range 00-59`);
+  if (second > 59) refuse(`second ${s} is out of range 00-59`);
+  let offsetMin = 0;
+  if (off.toUpperCase() !== "Z") {
+    const om = /^([+-])(\d{2}):?(\d{2})$/.exec(off)!;
+    const oh = Number(om[2]), omin = Number(om[3]);
+    if (oh > 18 || omin > 59 || (oh === 18 && omin > 0)) refuse(`offset ${off} is out of range -18:00..+18:00`);
+    offsetMin = (om[1] === "-" ? -1 : 1) * (oh * 60 + omin);
+  }
+  const ms = Number(frac.slice(0, 3).padEnd(3, "0"));
+  // Date.UTC maps years 0-99 to 1900-1999; setUTCFullYear does not.
+  const date = new Date(Date.UTC(2000, month - 1, day, hour, minute, second, ms));
+  date.setUTCFullYear(year);
+  return date.getTime() - offsetMin * 60_000;
+}
+
+function isLeap(y: number): boolean {
+  return (y % 4 === 0 && y % 100 !== 0) || y % 400 === 0;
+}
+
+/**
+ * Validates trigger input from the CLI or API and returns a normalized spec. Every refusal is
+ * an InvalidInputError naming the field: "trigger" for a missing or conflicting kind,
+ * "cron"/"tz"/"every"/"fixedDelay"/"at"/"delay" for a bad value.
+ */
+export function parseTrigger(input: TriggerInput, nowMs: number, opts: { pastToleranceMs?: number } = {}): TriggerSpec {
+  if (input === null || typeof input !== "object") {
+    throw new InvalidInputError("trigger", input, "must be an object with one of cron, every, fixedDelay, at, delay", "AX_E_TRIGGER");
+  }
+  if (!Number.isFinite(nowMs)) throw new InvalidInputError("nowMs", nowMs, "must be epoch milliseconds", "AX_E_INVALID");
+  const tolerance = opts.pastToleranceMs ?? 60_000;
+  if (!Number.isFinite(tolerance) || tolerance < 0) {
+    throw new InvalidInputError("pastToleranceMs", tolerance, "must be >= 0", "AX_E_INVALID");
+  }
+
+  const kinds = KIND_FIELDS.filter((k) => given(input[k]));
+  if (kinds.length === 0) {
+    throw new InvalidInputError("trigger", input, "give one of cron, every, fixedDelay, at, delay", "AX_E_TRIGGER");
+  }
+  if (kinds.length > 1) {
+    const conflicting = Object.fromEntries(kinds.map((k) => [k, input[k]]));
+    throw new InvalidInputError("trigger", conflicting, `${kinds.join(" and ")} conflict: give exactly one of cron, every, fixedDelay, at, delay`, "AX_E_TRIGGER");
+  }
+  const kind = kinds[0]!;
+  if (given(input.tz) && kind !== "cron") {
+    throw new InvalidInputError("tz", input.tz, `tz only applies to cron triggers, not to ${kind}`, "AX_E_TRIGGER");
+  }
+
+  switch (kind) {
+    case "cron": {
+      const { expr } = validateCron(input.cron);
+      const tz = given(input.tz) ? canonicalTimeZone("tz", input.tz) : "UTC";
+      const spec: TriggerSpec = { kind: "cron", expr, tz };
+      // Compiling warms the cache, and one next() proves the expression fires at all, so a
+      // combination the field checks missed fails here, at the user, not later in the scheduler.
+      compileTrigger(spec).next(nowMs);
+      return spec;
+    }
+    case "every":
+      return { kind: "fixed_rate", everyMs: duration("every", input.every), anchorMs: nowMs };
+    case "fixedDelay":
+      return { kind: "fixed_delay", delayMs: duration("fixedDelay", input.fixedDelay) };
+    case "delay":
+      return { kind: "once", atMs: nowMs + duration("delay", input.delay) };
+    case "at": {
+      const atMs = parseIsoInstant("at", input.at);
+      if (atMs < nowMs - tolerance) {
+        throw new InvalidInputError("at", input.at,
+          `${isoUtc(atMs)} is ${formatDuration(nowMs - atMs)} in the past (now ${isoUtc(nowMs)}; at most ${formatDuration(tolerance)} is tolerated)`, "AX_E_TRIGGER");
+      }
+      return { kind: "once", atMs };
+    }
+  }
+}

@@ -1,0 +1,1 @@
+export { HashedWheel, type WheelOptions, type WheelRef } from "./hashed-wheel.ts";

@@ -1,0 +1,67 @@
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { z } from "zod";
+import { decode, encode } from "../protocol/index.ts";
+import type { Clock, Logger, Names } from "../common/index.ts";
+
+export const HeartbeatSchema = z.object({
+  v: z.literal(1),
+  id: z.string(),
+  http: z.string().nullable(),
+  startedAt: z.number(),
+  shards: z.array(z.number().int()),
+  load: z.object({ firedPerSec: z.number(), inFlight: z.number(), lagMs: z.number() }),
+  stopping: z.boolean(),
+});
+export type Heartbeat = z.infer<typeof HeartbeatSchema>;
+
+export interface Member extends Heartbeat { lastSeenMono: number }
+
+/**
+ * Membership over core NATS: every node publishes a heartbeat each `intervalMs`; a member
+ * not heard from for `deadAfterMissed` intervals is dead. Seen-times are monotonic, so a wall
+ * clock step never kills or revives anyone. A stopping node says so in its last heartbeat
+ * and is dropped at once.
+ */
+export class Membership {
+  private members = new Map<string, Member>();
+  private sub: Subscription | null = null;
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly n: Names,
+    private readonly clock: Clock,
+    private readonly log: Logger,
+    private readonly intervalMs: number,
+    private readonly deadAfterMissed = 3,
+  ) {}
+
+  start(onChange: () => void): void {
+    this.sub = this.nc.subscribe(this.n.heartbeatSubject, {
+      callback: (err, msg) => {
+        if (err) return;
+        const d = decode(HeartbeatSchema, msg.data);
+        if (!d.ok) { this.log.warn({ reason: d.reason }, "malformed heartbeat refused"); return; }
+        const known = this.members.has(d.value.id);
+        if (d.value.stopping) {
+          if (this.members.delete(d.value.id)) onChange();
+          return;
+        }
+        this.members.set(d.value.id, { ...d.value, lastSeenMono: this.clock.monotonic() });
+        if (!known) onChange();
+      },
+    });
+  }
+
+  publish(hb: Heartbeat): void { this.nc.publish(this.n.heartbeatSubject, encode(hb)); }
+
+  /** Drops members not heard from in time; returns the ids that died. */
+  sweep(): string[] {
+    const dead: string[] = [];
+    const limit = this.intervalMs * this.deadAfterMissed;
+    for (const [id, m] of this.members) if (this.clock.monotonic() - m.lastSeenMono > limit) { this.members.delete(id); dead.push(id); }
+    return dead;
+  }
+
+  live(): Member[] { return [...this.members.values()].sort((a, b) => (a.id < b.id ? -1 : 1)); }
+  get(id: string): Member | undefined { return this.members.get(id); }
+  stop(): void { this.sub?.unsubscribe(); this.sub = null; }
+}

@@ -1,0 +1,326 @@
+import type { NatsConnection } from "@nats-io/transport-node";
+import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
+import { decode, encode } from "../protocol/index.ts";
+import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
+import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
+import { hash32, type ShardSupervisor } from "../cluster/index.ts";
+import { explainRun } from "./why.ts";
+import { z } from "zod";
+
+const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
+
+export interface ApiDeps {
+  store: Store;
+  due: DueIndex;
+  nc: NatsConnection;
+  names: Names;
+  clock: Clock;
+  shardCount: number;
+  supervisor: ShardSupervisor;
+  nodeId: string;
+  status: () => Promise<unknown>;
+}
+
+export const shardOfTask = (id: number, shardCount: number) => hash32(`task:${id}`) % shardCount;
+
+const str = (field: string, v: unknown): string => {
+  if (typeof v !== "string" || !v.length) throw new InvalidInputError(field, v, "required");
+  return v;
+};
+const opt = <T>(v: T | undefined | null): v is T => v !== undefined && v !== null && v !== "";
+
+function intIn(field: string, v: unknown, min: number, max: number): number {
+  const n = typeof v === "string" && /^-?\d+$/.test(v) ? Number(v) : v;
+  if (typeof n !== "number" || !Number.isInteger(n) || n < min || n > max) throw new InvalidInputError(field, v, `must be a whole number from ${min} to ${max}`);
+  return n;
+}
+
+export const CreateTaskInput = z.object({
+  name: z.unknown(), executor: z.unknown(), cron: z.string().optional(), tz: z.string().optional(), every: z.union([z.string(), z.number()]).optional(),
+  fixedDelay: z.union([z.string(), z.number()]).optional(), at: z.string().optional(), delay: z.union([z.string(), z.number()]).optional(),
+  after: z.array(z.string()).optional(), timeout: z.union([z.string(), z.number()]).optional(), retries: z.union([z.string(), z.number()]).optional(),
+  backoff: z.union([z.string(), z.number()]).optional(), backoffMax: z.union([z.string(), z.number()]).optional(), misfire: z.string().optional(), overlap: z.string().optional(),
+  payload: z.unknown().optional(),
+}).passthrough();
+
+/** The operations of the cluster, shared by the NATS API, the HTTP API and the CLI. */
+export class Api {
+  constructor(private readonly d: ApiDeps) {}
+
+  async call(op: string, args: Record<string, unknown>): Promise<unknown> {
+    switch (op) {
+      case "executor.register": return this.registerExecutor(args);
+      case "task.create": return this.createTask(args);
+      case "task.ls": return (await this.d.store.listTasks({ limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000 })).map(publicTask);
+      case "task.show": return this.showTask(args);
+      case "task.preview": return this.previewTask(args);
+      case "task.pause": return this.toShard(args, "pause");
+      case "task.resume": return this.toShard(args, "resume");
+      case "task.rm": return this.removeTask(args);
+      case "task.deps.add": return this.depsAdd(args);
+      case "task.deps.rm": return this.depsRm(args);
+      case "dag": return this.dag(args);
+      case "run": return this.manualRun(args);
+      case "runs": return this.runs(args);
+      case "why": return this.why(args);
+      case "status": return this.d.status();
+      case "shards.ls": return this.shardsLs();
+      case "shards.move": return this.shardsMove(args);
+      case "shards.unpin": return this.shardsUnpin(args);
+      case "shards.rebalance": return this.rebalance(args);
+      case "node.drain": return this.drain(args, true);
+      case "node.undrain": return this.drain(args, false);
+      default: throw new InvalidInputError("op", op, "unknown operation");
+    }
+  }
+
+  private async registerExecutor(a: Record<string, unknown>): Promise<unknown> {
+    const name = str("name", a.name);
+    if (!/^[A-Za-z0-9_-]{1,64}$/.test(name)) throw new InvalidInputError("name", name, "letters, digits, _ or - only");
+    await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now());
+    return { name };
+  }
+
+  async createTask(raw: Record<string, unknown>): Promise<unknown> {
+    const a = CreateTaskInput.parse(raw);
+    const now = this.d.clock.now();
+    const name = str("name", a.name);
+    if (!NAME_RE.test(name)) throw new InvalidInputError("name", name, "use letters, digits, '.', '_' or '-' (at most 128)");
+    const executor = str("executor", a.executor);
+    const after = a.after ?? [];
+    const hasTrigger = [a.cron, a.every, a.fixedDelay, a.at, a.delay].some(opt);
+    let spec: TriggerSpec | null = null;
+    if (hasTrigger || !after.length) {
+      spec = parseTrigger({
+        ...(opt(a.cron) ? { cron: a.cron } : {}), ...(opt(a.tz) ? { tz: a.tz } : {}), ...(opt(a.every) ? { every: a.every } : {}),
+        ...(opt(a.fixedDelay) ? { fixedDelay: a.fixedDelay } : {}), ...(opt(a.at) ? { at: a.at } : {}), ...(opt(a.delay) ? { delay: a.delay } : {}),
+      }, now);
+    } else if (opt(a.tz)) throw new InvalidInputError("tz", a.tz, "only with --cron");
+    const timeoutMs = opt(a.timeout) ? parseDuration("timeout", a.timeout) : 30_000;
+    const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
+    const backoffMs = opt(a.backoff) ? parseDuration("backoff", a.backoff, { allowZero: true }) : 1000;
+    const backoffMaxMs = opt(a.backoffMax) ? parseDuration("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
+    const misfire = a.misfire ?? "once";
+    if (!["once", "skip", "all"].includes(misfire)) throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
+    const overlap = a.overlap ?? "forbid";
+    if (!["forbid", "allow"].includes(overlap)) throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
+    const upstreams: number[] = [];
+    for (const up of after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
+    const triggers = spec ? [{ kind: spec.kind, spec }] : [];
+    const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire: misfire as "once", createdMs: now }, now) : null;
+    const record = initialRecord({ maxAttempts: retries + 1, overlap: overlap as "forbid" });
+    const row = await this.d.store.createTask({
+      name, executor, payload: a.payload ?? null, timeoutMs, maxAttempts: retries + 1, backoffMs, backoffMaxMs,
+      misfire: misfire as "once", overlap: overlap as "forbid", shardOf: (id) => shardOfTask(id, this.d.shardCount),
+      state: record.value, record, triggers, upstreams, nextDueMs: pointer?.dueMs ?? null, nextSlotMs: pointer?.slotMs ?? null,
+      nextSource: pointer?.source ?? null, nextReason: pointer?.reason ?? null, nowMs: now,
+    });
+    if (row.nextDueMs !== null) await this.d.due.add(row.shard, [{ id: row.id, dueMs: row.nextDueMs }]);
+    await this.shardCommand(row.shard, { type: "load", taskId: row.id }).catch(() => undefined); // the owner also refills from Redis
+    return publicTask(row);
+  }
+
+  async bulkCreate(tasks: Array<Record<string, unknown>>): Promise<number> {
+    let n = 0;
+    for (const t of tasks) { await this.createTask(t); n++; }
+    return n;
+  }
+
+  private async task(a: Record<string, unknown>): Promise<TaskRow> {
+    const ref = a.task;
+    if (typeof ref !== "string" && typeof ref !== "number") throw new InvalidInputError("task", ref, "required");
+    return this.d.store.requireTask(ref);
+  }
+
+  private async showTask(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const ups = await Promise.all(t.upstreams.map(async (id) => {
+      const u = await this.d.store.getTask(id);
+      const last = await this.d.store.lastRunOf(id);
+      return { id, name: u?.name ?? String(id), state: u?.state, lastRun: last ? { id: last.id, state: last.state, finishedAt: last.finishedMs } : null };
+    }));
+    const downs = await Promise.all((await this.d.store.downstreamsOf(t.id)).map(async (d) => {
+      const last = await this.d.store.lastRunOf(d.id);
+      const row = await this.d.store.getTask(d.id);
+      return { id: d.id, name: d.name, state: row?.state, lastRun: last ? { id: last.id, state: last.state, finishedAt: last.finishedMs } : null };
+    }));
+    const recent = await this.d.store.listRuns(t.id, 5);
+    return { ...publicTask(t), upstreams: ups, downstreams: downs, recentRuns: recent.map(publicRun) };
+  }
+
+  private async previewTask(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const count = a.count !== undefined ? intIn("count", a.count, 1, 1000) : 10;
+    const now = this.d.clock.now();
+    const out: Array<{ trigger: string; tz: string; times: string[] }> = [];
+    for (const tr of t.triggers) {
+      const c = compileTrigger(tr.spec as TriggerSpec);
+      const tz = (tr.spec as { tz?: string }).tz ?? "UTC";
+      const from = tr.kind === "fixed_rate" ? Math.max(now, t.triggerSlots[String(tr.id)] ?? 0) : now;
+      out.push({ trigger: c.describe(), tz, times: preview(c, from, count).map((ms: number) => fmtInZone(ms, tz)) });
+    }
+    return { task: t.name, nextDue: t.nextDueMs ? new Date(t.nextDueMs).toISOString() : null, triggers: out };
+  }
+
+  private async shardCommand(shard: number, cmd: ShardCommand, timeoutMs = 5000): Promise<CommandReply> {
+    let lastErr: unknown;
+    for (let i = 0; i < 3; i++) {
+      try {
+        const m = await this.d.nc.request(this.d.names.shardSubject(shard, "cmd"), encode(cmd), { timeout: timeoutMs });
+        const r = JSON.parse(new TextDecoder().decode(m.data)) as CommandReply;
+        if (!r.ok && r.error.code === "AX_E_UNAVAILABLE" && i < 2) { await new Promise((res) => setTimeout(res, 500)); continue; }
+        return r;
+      } catch (e) {
+        lastErr = e;
+        await new Promise((res) => setTimeout(res, 500));
+      }
+    }
+    throw new AxError("AX_E_UNAVAILABLE", `shard ${shard} has no owner answering right now (${String((lastErr as Error)?.message ?? lastErr)}); retry in a few seconds`, { field: "shard", value: shard });
+  }
+
+  private async toShard(a: Record<string, unknown>, type: "pause" | "resume"): Promise<unknown> {
+    const t = await this.task(a);
+    const r = await this.shardCommand(t.shard, { type, taskId: t.id });
+    if (!r.ok) throw AxError.fromJSON(r.error);
+    return publicTask((await this.d.store.getTask(t.id))!);
+  }
+
+  private async removeTask(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const downs = await this.d.store.downstreamsOf(t.id);
+    if (downs.length) throw new InvalidInputError("task", t.name, `other tasks depend on it (${downs.map((d) => d.name).join(", ")}); remove those edges first`, "AX_E_CONFLICT");
+    const r = await this.shardCommand(t.shard, { type: "cancel", taskId: t.id });
+    if (!r.ok) throw AxError.fromJSON(r.error);
+    await this.d.due.remove(t.shard, [t.id]);
+    await this.d.store.deleteTask(t.id);
+    return { removed: t.name };
+  }
+
+  private async depsAdd(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const up = await this.d.store.requireTask(str("upstream", a.upstream)).catch((e) => { throw new InvalidInputError("upstream", a.upstream, (e as Error).message, "AX_E_NOT_FOUND"); });
+    await this.d.store.addDependency(t.id, up.id, this.d.clock.now());
+    return { task: t.name, upstream: up.name };
+  }
+  private async depsRm(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const up = await this.d.store.requireTask(str("upstream", a.upstream));
+    if (!(await this.d.store.removeDependency(t.id, up.id))) throw new InvalidInputError("upstream", up.name, `${t.name} does not depend on it`, "AX_E_NOT_FOUND");
+    return { task: t.name, upstream: up.name, removed: true };
+  }
+
+  private async dag(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const edges = await this.d.store.allEdges();
+    // The connected component around the task.
+    const seen = new Set<number>([t.id]); const queue = [t.id];
+    while (queue.length) {
+      const n = queue.pop()!;
+      for (const e of edges) for (const [x, y] of [[e.upstream, e.downstream], [e.downstream, e.upstream]] as const) if (x === n && !seen.has(y)) { seen.add(y); queue.push(y); }
+    }
+    const nodes = await Promise.all([...seen].map(async (id) => {
+      const row = await this.d.store.getTask(id);
+      const last = await this.d.store.lastRunOf(id);
+      return { id, name: row?.name ?? String(id), state: row?.state ?? "?", lastRun: last?.state ?? null };
+    }));
+    return { root: t.name, nodes, edges: edges.filter((e) => seen.has(e.upstream)) };
+  }
+
+  private async manualRun(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const r = await this.shardCommand(t.shard, { type: "run", taskId: t.id, force: a.force === true, ...(a.payload !== undefined ? { payload: a.payload } : {}) });
+    if (!r.ok) throw AxError.fromJSON(r.error);
+    return { task: t.name, ...(r.value as object) };
+  }
+
+  private async runs(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const limit = a.limit !== undefined ? intIn("limit", a.limit, 1, 10_000) : 20;
+    return (await this.d.store.listRuns(t.id, limit)).map(publicRun);
+  }
+
+  private async why(a: Record<string, unknown>): Promise<unknown> {
+    const id = str("run", a.run);
+    const run = await this.d.store.getRun(id);
+    if (!run) throw new InvalidInputError("run", id, "no such run (runs are kept for the retention period)", "AX_E_NOT_FOUND");
+    const task = await this.d.store.getTask(run.taskId);
+    const cause = run.causedBy ? await this.d.store.getRun(run.causedBy) : null;
+    const ups = run.upstreamRuns ? await this.d.store.getRuns(run.upstreamRuns) : [];
+    return { run: publicRun(run), sentences: explainRun(run, task, cause, ups) };
+  }
+
+  private async shardsLs(): Promise<unknown> {
+    const rows = await this.d.store.listShards();
+    const counts = await this.d.store.countTasksByShard();
+    const now = this.d.clock.now();
+    const lag = await this.d.store.pool.query("select shard, min(next_due_ms) as oldest from tasks where next_due_ms < $1 group by shard", [now - 1000]);
+    const lagBy = new Map(lag.rows.map((r) => [r.shard as number, now - (r.oldest as number)]));
+    return rows.map((r) => ({ shard: r.shard, owner: r.owner, epoch: r.epoch, pinnedTo: r.pinnedTo, tasks: counts.get(r.shard)?.tasks ?? 0,
+      dueSoon: counts.get(r.shard)?.dueSoon ?? 0, lagMs: lagBy.get(r.shard) ?? 0 }));
+  }
+
+  private shardArg(a: Record<string, unknown>): number { return intIn("shard", a.shard, 0, this.d.shardCount - 1); }
+
+  private async shardsMove(a: Record<string, unknown>): Promise<unknown> {
+    const shard = this.shardArg(a);
+    const node = str("node", a.node);
+    if (!this.d.supervisor.liveMembers().some((m) => m.id === node) && node !== this.d.nodeId) throw new InvalidInputError("node", node, "not a live node (see ax status)", "AX_E_NOT_FOUND");
+    await this.d.store.setPin(shard, node);
+    this.d.nc.publish(this.d.names.heartbeatSubject + ".kick", encode({}));
+    return { shard, pinnedTo: node };
+  }
+  private async shardsUnpin(a: Record<string, unknown>): Promise<unknown> {
+    const shard = this.shardArg(a);
+    await this.d.store.setPin(shard, null);
+    return { shard, pinnedTo: null };
+  }
+  private async rebalance(a: Record<string, unknown>): Promise<unknown> {
+    const plan = await this.d.supervisor.rebalancePlan();
+    if (a.dryRun === true) return { dryRun: true, moves: plan };
+    for (const m of plan) if (m.from) this.d.supervisor.requestHandover(m.shard, m.to);
+    return { dryRun: false, moves: plan };
+  }
+  private async drain(a: Record<string, unknown>, on: boolean): Promise<unknown> {
+    const node = str("node", a.node);
+    const c = await this.d.store.pool.connect();
+    try {
+      await c.query("begin");
+      await c.query("select pg_advisory_xact_lock(hashtext('ax-drain'))");
+      const r = await c.query("select value from meta where key = 'drained'");
+      const set = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      if (on) set.add(node); else set.delete(node);
+      await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
+      await c.query("commit");
+      return { drained: [...set] };
+    } catch (e) { await c.query("rollback"); throw e; } finally { c.release(); }
+  }
+}
+
+export function fmtInZone(ms: number, tz: string): string {
+  const parts = new Intl.DateTimeFormat("en-CA", { timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false, timeZoneName: "shortOffset" }).formatToParts(new Date(ms));
+  const g = (t: string) => parts.find((p) => p.type === t)?.value ?? "";
+  return `${g("year")}-${g("month")}-${g("day")} ${g("hour") === "24" ? "00" : g("hour")}:${g("minute")}:${g("second")} ${g("timeZoneName")} (${tz})`;
+}
+
+export function publicTask(t: TaskRow) {
+  const ctx = (t.record as { context?: { attempt?: number; inFlight?: string[]; lastError?: string | null } }).context ?? {};
+  return {
+    id: t.id, name: t.name, executor: t.executor, state: t.state, shard: t.shard, payload: t.payload,
+    triggers: t.triggers.map((tr) => ({ id: tr.id, kind: tr.kind, spec: tr.spec, description: compileTrigger(tr.spec as TriggerSpec).describe() })),
+    timeout: formatDuration(t.timeoutMs), retries: t.maxAttempts - 1, backoff: formatDuration(t.backoffMs), misfire: t.misfire, overlap: t.overlap,
+    nextDueAt: t.nextDueMs !== null ? new Date(t.nextDueMs).toISOString() : null, nextSource: t.nextSource, nextReason: t.nextReason,
+    attempt: ctx.attempt ?? 0, inFlight: ctx.inFlight ?? [], lastError: ctx.lastError ?? null, upstreams: t.upstreams,
+  };
+}
+
+export function publicRun(r: RunRow) {
+  const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
+  return {
+    id: r.id, taskId: r.taskId, task: r.taskName, source: r.source, state: r.state, dueAt: iso(r.dueMs), firedAt: iso(r.firedMs),
+    startedAt: iso(r.startedMs), finishedAt: iso(r.finishedMs), node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt,
+    executor: r.executor, executorInstance: r.executorInstance, error: r.error, causedBy: r.causedBy, upstreamRuns: r.upstreamRuns,
+    lateOutcome: r.lateOutcome, dueReason: r.dueReason,
+  };
+}
+
+export { decode };

@@ -1,0 +1,248 @@
+import { readFileSync } from "node:fs";
+import { Command, Option, CommanderError } from "commander";
+import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, createLogger, loadConfig, parseDuration } from "../common/index.ts";
+import { Executor } from "../protocol/index.ts";
+import { AxClient } from "./client.ts";
+import { AxNode } from "./node.ts";
+import { demoHandler } from "./demoExecutor.ts";
+
+const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
+const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
+
+/** Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by state (e.g. task is running). */
+export function exitCodeOf(e: unknown): number {
+  if (e instanceof AxError) return USAGE_CODES.has(e.code) ? 2 : CONFLICT_CODES.has(e.code) ? 3 : 1;
+  return 1;
+}
+
+function envHelp(): string {
+  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]} [${ENV_DEFAULTS[k]}]`).join("\n") + "\n";
+}
+
+function parseJsonFlag(field: string, s: string | undefined): unknown {
+  if (s === undefined) return undefined;
+  const text = s.startsWith("@") ? readFileSync(s.slice(1), "utf8") : s;
+  try { return JSON.parse(text); } catch (e) { throw new InvalidInputError(field, s, `not valid JSON (${(e as Error).message})`); }
+}
+
+const collect = (v: string, prev: string[]) => [...prev, v];
+
+function table(rows: Array<Record<string, unknown>>, cols: string[]): string {
+  if (!rows.length) return "(none)";
+  const cells = rows.map((r) => cols.map((c) => (r[c] === null || r[c] === undefined ? "-" : typeof r[c] === "object" ? JSON.stringify(r[c]) : String(r[c]))));
+  const w = cols.map((c, i) => Math.min(60, Math.max(c.length, ...cells.map((row) => row[i]!.length))));
+  const line = (vals: string[]) => vals.map((v, i) => v.slice(0, 60).padEnd(w[i]!)).join("  ").trimEnd();
+  return [line(cols.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n");
+}
+
+export function buildProgram(out: (s: string) => void = (s) => process.stdout.write(s + "\n")): Command {
+  const program = new Command("ax");
+  program.description("ax (Auto eXecution): a distributed task scheduler on NATS JetStream, PostgreSQL and Redis.\n" +
+    "Tasks say what to run (an executor + payload); triggers say when (cron, fixed rate, fixed delay, once);\n" +
+    "nodes fire them exactly once in effect and record every run, so `ax why RUN` can explain it.")
+    .addOption(new Option("--nats <url>", "NATS URL (AX_NATS_URL)"))
+    .addOption(new Option("--namespace <ns>", "namespace (AX_NAMESPACE)"))
+    .showHelpAfterError("(run with --help for usage)")
+    .addHelpText("after", envHelp() + "\nExamples:\n  ax node --http 8080\n  ax executor demo --name demo\n  ax task create hello --executor demo --every 10s\n  ax runs hello\n  ax why <run-id>\n");
+  program.exitOverride();
+
+  const cfg = () => {
+    const g = program.opts<{ nats?: string; namespace?: string }>();
+    return loadConfig(process.env, { ...(g.nats ? { AX_NATS_URL: g.nats } : {}), ...(g.namespace ? { AX_NAMESPACE: g.namespace } : {}) });
+  };
+  async function withClient<T>(fn: (c: AxClient) => Promise<T>): Promise<T> {
+    const c = cfg();
+    const client = await AxClient.connect(c.natsUrl, c.namespace);
+    try { return await fn(client); } finally { await client.close(); }
+  }
+  const print = (json: boolean | undefined, value: unknown, human: () => string) => out(json ? JSON.stringify(value, null, 2) : human());
+
+  // ---- node ---------------------------------------------------------------------------------
+  const node = program.command("node").description("start a scheduler node (or: ax node drain NODE)");
+  node.option("--id <id>", "node id (default: host-pid)").option("--http <port>", "serve /healthz, /metrics, /api and the dashboard on this port (0 = any)")
+    .option("--shards <n>", "shard count if this node creates the cluster (AX_SHARDS)")
+    .action(async (o: { id?: string; http?: string; shards?: string }) => {
+      const config = loadConfig(process.env, {
+        ...(program.opts().nats ? { AX_NATS_URL: program.opts().nats } : {}), ...(program.opts().namespace ? { AX_NAMESPACE: program.opts().namespace } : {}),
+        ...(o.shards ? { AX_SHARDS: o.shards } : {}),
+      });
+      const httpPort = o.http === undefined ? null : Number(o.http);
+      if (httpPort !== null && (!Number.isInteger(httpPort) || httpPort < 0 || httpPort > 65535)) throw new InvalidInputError("--http", o.http, "not a port number");
+      const n = new AxNode({ config, ...(o.id ? { nodeId: o.id } : {}), httpPort });
+      await n.start();
+      process.stderr.write(`ax node ${n.id} running (namespace ${config.namespace}${n.httpAddress ? `, dashboard ${n.httpAddress}` : ""}); Ctrl-C to stop\n`);
+      await new Promise<void>((resolve) => {
+        const stop = () => { process.off("SIGINT", stop); process.off("SIGTERM", stop); void n.stop().then(resolve); };
+        process.on("SIGINT", stop); process.on("SIGTERM", stop);
+      });
+    });
+  node.command("drain <node>").description("move every shard off NODE and keep it off").option("--json").action(async (id: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call("node.drain", { node: id }));
+    print(o.json, r, () => `node ${id} is draining; its shards move to the others (ax shards ls to watch)`);
+  });
+  node.command("undrain <node>").description("let NODE own shards again").option("--json").action(async (id: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call("node.undrain", { node: id }));
+    print(o.json, r, () => `node ${id} may own shards again`);
+  });
+
+  // ---- executor -------------------------------------------------------------------------------
+  program.command("executor").description("executors").command("demo").description("run a demo executor: sleeps, optionally fails, logs each run")
+    .requiredOption("--name <name>", "executor name tasks refer to").option("--sleep <ms>", "time each run takes", "100")
+    .option("--fail-rate <f>", "probability 0..1 that a run fails", "0").option("--concurrency <n>", "runs at once", "64")
+    .option("--record <file>", "append each completed run id to FILE (for tests)")
+    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string }) => {
+      const c = cfg();
+      const failRate = Number(o.failRate);
+      if (!(failRate >= 0 && failRate <= 1)) throw new InvalidInputError("--fail-rate", o.failRate, "must be a number from 0 to 1");
+      const sleepMs = parseDuration("--sleep", o.sleep, { allowZero: true });
+      const concurrency = Number(o.concurrency);
+      if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
+      const log = createLogger({ level: c.logLevel, name: "ax-executor" });
+      const ex = new Executor({ name: o.name, namespace: c.namespace, natsUrl: c.natsUrl, concurrency, logger: log,
+        handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
+      await ex.start();
+      process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);
+      await new Promise<void>((resolve) => {
+        const stop = () => { void ex.stop().then(resolve); };
+        process.once("SIGINT", stop); process.once("SIGTERM", stop);
+      });
+    });
+
+  // ---- tasks ------------------------------------------------------------------------------------
+  const task = program.command("task").description("create, list, inspect and control tasks");
+  task.command("create <name>").description("register a task and its trigger")
+    .requiredOption("--executor <e>", "executor that runs it")
+    .option("--cron <expr>", "cron: 5 fields (min hour dom mon dow) or 6 (seconds first)").option("--tz <zone>", "IANA time zone for --cron", "UTC")
+    .option("--every <dur>", "fixed rate, e.g. 10s (slots from creation, never drifting)").option("--fixed-delay <dur>", "wait DUR after each run finishes")
+    .option("--at <iso>", "once, at an ISO-8601 time with offset").option("--delay <dur>", "once, after DUR")
+    .option("--after <task>", "run after TASK succeeds (repeat for fan-in)", collect, [] as string[])
+    .option("--timeout <dur>", "run timeout without completion or heartbeat", "30s").option("--retries <n>", "retries after a failure", "0")
+    .option("--backoff <dur>", "first retry backoff (doubles, capped, jittered)", "1s")
+    .addOption(new Option("--misfire <policy>", "after downtime: one catch-up, none, or every missed slot (bounded)").choices(["once", "skip", "all"]).default("once"))
+    .addOption(new Option("--overlap <policy>", "a slot due while the previous run is in flight").choices(["forbid", "allow"]).default("forbid"))
+    .option("--payload <json>", "JSON given to the executor (or @file.json)").option("--json", "print the task as JSON")
+    .addHelpText("after", "\nExactly one of --cron, --every, --fixed-delay, --at, --delay (or only --after).\nExamples:\n  ax task create report --executor reports --cron '0 2 * * *' --tz Asia/Shanghai --retries 3\n  ax task create push --executor push --after report\n")
+    .action(async (name: string, o: Record<string, unknown>) => {
+      const payload = parseJsonFlag("payload", o.payload as string | undefined);
+      const tzGiven = process.argv.includes("--tz");
+      const args: Record<string, unknown> = { name, executor: o.executor, timeout: o.timeout, retries: o.retries, backoff: o.backoff, misfire: o.misfire, overlap: o.overlap, after: o.after };
+      for (const k of ["cron", "every", "fixedDelay", "at", "delay"]) if (o[k] !== undefined) args[k] = o[k];
+      if (o.cron !== undefined || tzGiven) args.tz = o.tz;
+      if (payload !== undefined) args.payload = payload;
+      const t = await withClient((c) => c.call<{ id: number; name: string; nextDueAt: string | null; triggers: Array<{ description: string }> }>("task.create", args));
+      print(o.json as boolean, t, () => `created task ${t.name} (id ${t.id}): ${t.triggers.map((x) => x.description).join("; ") || "runs after its upstreams"}; next due ${t.nextDueAt ?? "—"}`);
+    });
+  task.command("ls").description("list tasks").option("--json").option("--limit <n>", "at most N", "1000").action(async (o: { json?: boolean; limit: string }) => {
+    const ts = await withClient((c) => c.call<Array<Record<string, unknown>>>("task.ls", { limit: o.limit }));
+    print(o.json, ts, () => table(ts.map((t) => ({ ...t, trigger: (t.triggers as Array<{ description: string }>).map((x) => x.description).join("; ") || "after upstreams" })), ["id", "name", "state", "executor", "trigger", "nextDueAt"]));
+  });
+  task.command("show <task>").description("a task, its triggers, up/downstreams and recent runs").option("--json").action(async (ref: string, o: { json?: boolean }) => {
+    const t = await withClient((c) => c.call<Record<string, unknown>>("task.show", { task: ref }));
+    print(o.json, t, () => {
+      const lines = [`task ${t.name} (id ${t.id}) on shard ${t.shard}: ${t.state}`, `  executor ${t.executor}, timeout ${t.timeout}, retries ${t.retries}, backoff ${t.backoff}, misfire ${t.misfire}, overlap ${t.overlap}`];
+      for (const tr of t.triggers as Array<{ description: string }>) lines.push(`  trigger: ${tr.description}`);
+      lines.push(`  next due: ${t.nextDueAt ?? "—"}${t.nextReason ? ` (${t.nextReason})` : ""}`);
+      for (const u of t.upstreams as Array<{ name: string; state: string; lastRun: { id: string; state: string } | null }>) lines.push(`  upstream ${u.name}: ${u.state}, last run ${u.lastRun ? `${u.lastRun.id} ${u.lastRun.state}` : "none"}`);
+      for (const d of t.downstreams as Array<{ name: string; state: string; lastRun: { id: string; state: string } | null }>) lines.push(`  downstream ${d.name}: ${d.state}, last run ${d.lastRun ? `${d.lastRun.id} ${d.lastRun.state}` : "none"}`);
+      lines.push("  recent runs:", ...table(t.recentRuns as Array<Record<string, unknown>>, ["id", "source", "state", "dueAt", "attempt", "error"]).split("\n").map((l) => "    " + l));
+      return lines.join("\n");
+    });
+  });
+  task.command("preview <task>").description("the next due times, in the trigger's time zone").option("--count <n>", "how many", "10").option("--json")
+    .action(async (ref: string, o: { count: string; json?: boolean }) => {
+      const p = await withClient((c) => c.call<{ task: string; triggers: Array<{ trigger: string; times: string[] }> }>("task.preview", { task: ref, count: o.count }));
+      print(o.json, p, () => p.triggers.map((t) => `${t.trigger}:\n${t.times.map((x) => "  " + x).join("\n")}`).join("\n") || "(no triggers: runs after its upstreams)");
+    });
+  for (const [cmd, op, verb] of [["pause", "task.pause", "paused"], ["resume", "task.resume", "resumed"], ["rm", "task.rm", "removed"]] as const) {
+    task.command(`${cmd} <task>`).description(cmd === "resume" ? "resume (missed slots follow the misfire policy)" : `${cmd} a task`).option("--json").action(async (ref: string, o: { json?: boolean }) => {
+      const r = await withClient((c) => c.call<Record<string, unknown>>(op, { task: ref }));
+      print(o.json, r, () => `task ${ref} ${verb}${r.state ? ` (${r.state}${r.nextDueAt ? `, next due ${r.nextDueAt}` : ""})` : ""}`);
+    });
+  }
+  const deps = task.command("deps").description("dependency edges: TASK runs after UPSTREAM");
+  for (const op of ["add", "rm"] as const) {
+    deps.command(`${op} <task> <upstream>`).option("--json").action(async (ref: string, up: string, o: { json?: boolean }) => {
+      const r = await withClient((c) => c.call(`task.deps.${op}`, { task: ref, upstream: up }));
+      print(o.json, r, () => `${ref} ${op === "add" ? "now runs after" : "no longer waits for"} ${up}`);
+    });
+  }
+  program.command("dag <task>").description("the dependency graph around a task").option("--json").action(async (ref: string, o: { json?: boolean }) => {
+    const g = await withClient((c) => c.call<{ root: string; nodes: Array<{ id: number; name: string; state: string; lastRun: string | null }>; edges: Array<{ upstream: number; downstream: number }> }>("dag", { task: ref }));
+    print(o.json, g, () => {
+      const byId = new Map(g.nodes.map((n) => [n.id, n]));
+      const label = (id: number) => { const n = byId.get(id)!; return `${n.name} [${n.state}${n.lastRun ? `, last ${n.lastRun}` : ""}]`; };
+      const roots = g.nodes.filter((n) => !g.edges.some((e) => e.downstream === n.id));
+      const lines: string[] = [];
+      const walk = (id: number, depth: number, seen: Set<number>) => {
+        lines.push(`${"  ".repeat(depth)}${depth ? "└─ " : ""}${label(id)}`);
+        if (seen.has(id)) return;
+        seen.add(id);
+        for (const e of g.edges.filter((x) => x.upstream === id)) walk(e.downstream, depth + 1, seen);
+      };
+      for (const r of roots) walk(r.id, 0, new Set());
+      return lines.join("\n");
+    });
+  });
+
+  // ---- runs ---------------------------------------------------------------------------------------
+  program.command("run <task>").description("run a task now (source=manual); refused while it is running unless overlap=allow")
+    .option("--payload <json>", "payload for this run only").option("--force", "run even if the task is paused (never bypasses one-in-flight)").option("--json")
+    .action(async (ref: string, o: { payload?: string; force?: boolean; json?: boolean }) => {
+      const payload = parseJsonFlag("payload", o.payload);
+      const r = await withClient((c) => c.call<{ runId: string }>("run", { task: ref, force: !!o.force, ...(payload !== undefined ? { payload } : {}) }));
+      print(o.json, r, () => `started run ${r.runId} of ${ref} (ax why ${r.runId})`);
+    });
+  program.command("runs <task>").description("run history, newest first").option("--limit <n>", "how many", "20").option("--json").action(async (ref: string, o: { limit: string; json?: boolean }) => {
+    const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("runs", { task: ref, limit: o.limit }));
+    print(o.json, rs, () => table(rs, ["id", "source", "state", "dueAt", "firedAt", "finishedAt", "attempt", "node", "shard", "epoch", "error"]));
+  });
+  program.command("why <run>").description("why this run happened when it did, and how it ended").option("--json").action(async (id: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call<{ sentences: string[] }>("why", { run: id }));
+    print(o.json, r, () => r.sentences.join("\n"));
+  });
+  program.command("status").description("nodes, shards, lag, throughput").option("--json").action(async (o: { json?: boolean }) => {
+    const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number } }>; unowned: number[]; tasks: number; running: number; drained: string[] }>("status"));
+    print(o.json, s, () => [`namespace ${s.namespace}: ${s.nodes.length} node(s), ${s.shardCount} shards (${s.unowned.length} unowned), ${s.tasks} tasks, ${s.running} running${s.drained.length ? `, draining: ${s.drained.join(", ")}` : ""}`,
+      table(s.nodes.map((n) => ({ node: n.id, shards: n.shards.length, firesPerSec: n.load.firedPerSec, inFlight: n.load.inFlight, lagMs: n.load.lagMs, http: n.http })), ["node", "shards", "firesPerSec", "inFlight", "lagMs", "http"])].join("\n"));
+  });
+
+  // ---- shards --------------------------------------------------------------------------------------
+  const shards = program.command("shards").description("shard ownership");
+  shards.command("ls").option("--json").action(async (o: { json?: boolean }) => {
+    const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("shards.ls"));
+    print(o.json, rs, () => table(rs, ["shard", "owner", "epoch", "pinnedTo", "tasks", "dueSoon", "lagMs"]));
+  });
+  shards.command("move <shard> <node>").description("pin SHARD to NODE (hands it over)").option("--json").action(async (s: string, n: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call("shards.move", { shard: s, node: n }));
+    print(o.json, r, () => `shard ${s} pinned to ${n}; hand-over follows within a heartbeat`);
+  });
+  shards.command("unpin <shard>").option("--json").action(async (s: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call("shards.unpin", { shard: s }));
+    print(o.json, r, () => `shard ${s} unpinned`);
+  });
+  shards.command("rebalance").description("move shards to the ring's balanced assignment").option("--dry-run", "only print the plan").option("--json")
+    .action(async (o: { dryRun?: boolean; json?: boolean }) => {
+      const r = await withClient((c) => c.call<{ moves: Array<{ shard: number; from: string | null; to: string; why: string }> }>("shards.rebalance", { dryRun: !!o.dryRun }));
+      print(o.json, r, () => r.moves.length ? `${o.dryRun ? "would move" : "moving"} ${r.moves.length} shard(s):\n` + table(r.moves, ["shard", "from", "to", "why"]) : "balanced: nothing to move");
+    });
+  return program;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv, { from: "user" });
+    return 0;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      if (e.code === "commander.helpDisplayed" || e.code === "commander.help" || e.code === "commander.version") return 0;
+      return 2; // commander already printed the reason
+    }
+    process.stderr.write(`ax: ${e instanceof Error ? e.message : String(e)}\n`);
+    return exitCodeOf(e);
+  }
+}
+
+if (process.argv[1] && /ops[\\/]cli\.ts$|bin[\\/]ax(\.mjs)?$/.test(process.argv[1])) {
+  void main(process.argv.slice(2)).then((code) => { process.exitCode = code; if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) setTimeout(() => process.exit(code), 50).unref(); });
+}

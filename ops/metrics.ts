@@ -1,0 +1,16 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+/** Prometheus metrics of one node; fed by the typed shard events. */
+export function createMetrics() {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: "ax_node_" });
+  return {
+    registry,
+    fired: new Counter({ name: "ax_runs_fired_total", help: "Runs dispatched", labelNames: ["source"], registers: [registry] }),
+    finished: new Counter({ name: "ax_runs_finished_total", help: "Runs ended, by state", labelNames: ["state"], registers: [registry] }),
+    lateness: new Histogram({ name: "ax_fire_lateness_seconds", help: "Fire time minus due time", buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], registers: [registry] }),
+    shards: new Gauge({ name: "ax_shards_owned", help: "Shards owned by this node", registers: [registry] }),
+    inFlight: new Gauge({ name: "ax_runs_in_flight", help: "Runs in flight on this node", registers: [registry] }),
+  };
+}
+export type Metrics = ReturnType<typeof createMetrics>;

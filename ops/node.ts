@@ -1,0 +1,197 @@
+import { hostname } from "node:os";
+import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { DependencyActor, DueIndex, InFlightLimiter, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
+import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
+import { Api } from "./api.ts";
+import { errEnvelope, okEnvelope } from "./envelope.ts";
+import { createMetrics, type Metrics } from "./metrics.ts";
+import { startHttp, type HttpServer } from "./http.ts";
+
+export interface NodeOptions {
+  config: AxConfig;
+  nodeId?: string;
+  httpPort?: number | null;
+  clock?: Clock;
+  logger?: Logger;
+}
+
+/**
+ * One ax scheduler node: connections, schema, streams, the shard supervisor (leases, ring)
+ * and the actors it starts, the DependencyActor, the API on NATS and HTTP.
+ *
+ * Lifecycle: starting → running → stopping (SIGTERM/SIGINT: stop firing, flush, release
+ * leases, drain connections) → stopped.
+ */
+export class AxNode {
+  readonly id: string;
+  readonly config: AxConfig;
+  readonly names: Names;
+  readonly clock: Clock;
+  readonly log: Logger;
+  readonly metrics: Metrics;
+  store!: Store;
+  due!: DueIndex;
+  nc!: NatsConnection;
+  js!: JetStreamClient;
+  api!: Api;
+  supervisor!: ShardSupervisor;
+  private persister!: Persister;
+  private limiter!: InFlightLimiter;
+  private deps!: DependencyActor;
+  private actors = new Map<number, ShardActor>();
+  private subs: Subscription[] = [];
+  private http: HttpServer | null = null;
+  private pruneTimer: NodeJS.Timeout | null = null;
+  private firedWindow: number[] = [];
+  private shardCount = 0;
+  private stopped = false;
+
+  constructor(private readonly opts: NodeOptions) {
+    this.config = opts.config;
+    this.id = opts.nodeId ?? `${hostname().replace(/[^A-Za-z0-9_-]/g, "-")}-${process.pid}`;
+    this.names = names(opts.config.namespace);
+    this.clock = opts.clock ?? new SystemClock();
+    this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
+    this.metrics = createMetrics();
+  }
+
+  get httpAddress(): string | null { return this.http?.address ?? null; }
+  ownedShards(): number[] { return this.supervisor.ownedShards(); }
+
+  async start(): Promise<void> {
+    const c = this.config;
+    this.store = new Store({ pgUrl: c.pgUrl, schema: c.namespace, poolSize: 10 });
+    const { applied } = await this.store.migrate();
+    if (applied.length) this.log.info({ applied }, "schema migrated");
+    this.shardCount = await this.store.initShardCount(c.shardCount);
+    if (this.shardCount !== c.shardCount) this.log.info({ shardCount: this.shardCount }, "cluster shard count was fixed at creation; using it");
+    this.due = new DueIndex(c.redisUrl, c.namespace);
+    this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
+    this.js = jetstream(this.nc);
+    const jsm = await jetstreamManager(this.nc);
+    await ensureStreams(jsm, this.names);
+    await ensureShardConsumers(jsm, this.names, this.shardCount);
+    const kv = await new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1 });
+    this.persister = new Persister(this.store, this.log);
+    this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
+    for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
+
+    this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort) : null;
+    this.supervisor = new ShardSupervisor({
+      nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs: c.leaseTtlMs,
+      heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
+      startShard: (shard, epoch) => this.startShard(shard, epoch),
+      load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
+    });
+    this.api = new Api({
+      store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
+      supervisor: this.supervisor, nodeId: this.id, status: () => this.status(),
+    });
+    // The API: any node answers (queue group), so the CLI needs only a NATS URL.
+    this.subs.push(this.nc.subscribe(this.names.apiSubject(">"), {
+      queue: "ax-api",
+      callback: (err, msg) => {
+        if (err) return;
+        const op = msg.subject.slice(this.names.apiSubject("").length);
+        let args: Record<string, unknown> = {};
+        try { args = msg.data.length ? JSON.parse(new TextDecoder().decode(msg.data)) : {}; } catch { msg.respond(JSON.stringify(errEnvelope(new Error("request body is not JSON")))); return; }
+        this.api.call(op, args).then((v) => {
+          if (op === "executor.register" && typeof args.maxInFlight === "number") this.limiter.setLimit(String(args.name), args.maxInFlight);
+          msg.respond(JSON.stringify(okEnvelope(v)));
+        }, (e) => msg.respond(JSON.stringify(errEnvelope(e))));
+      },
+    }));
+    this.subs.push(this.nc.subscribe(`${this.names.heartbeatSubject}.handover.request`, {
+      callback: (err, msg) => {
+        if (err) return;
+        try {
+          const r = JSON.parse(new TextDecoder().decode(msg.data)) as { shard: number; to: string };
+          void this.supervisor.handover(r.shard, r.to);
+        } catch { /* malformed: ignored */ }
+      },
+    }));
+    this.subs.push(this.nc.subscribe(`${this.names.heartbeatSubject}.kick`, { callback: () => this.supervisor.kick() }));
+    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log });
+    await this.deps.start();
+    await this.supervisor.start();
+    this.pruneTimer = setInterval(() => {
+      void this.store.pruneRuns(this.clock.now() - c.retentionMs).then((n) => { if (n) this.log.info({ pruned: n }, "run history pruned"); }, () => undefined);
+    }, 60_000);
+    this.pruneTimer.unref();
+    this.log.info({ http: this.http?.address ?? null, shards: this.shardCount }, "node started");
+  }
+
+  private async startShard(shard: number, epoch: number): Promise<ShardHandle> {
+    const actor = new ShardActor(shard, epoch, {
+      nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
+      names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize,
+      leaseValid: () => this.supervisor.leaseValid(shard),
+      onFenced: () => { this.actors.delete(shard); this.supervisor.kick(); },
+      events: {
+        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.push(this.clock.monotonic()); },
+        "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
+      },
+    });
+    await actor.start();
+    const sub = this.nc.subscribe(this.names.shardSubject(shard, "cmd"), {
+      callback: (err, msg) => {
+        if (err) return;
+        let cmd: ShardCommand;
+        try { cmd = JSON.parse(new TextDecoder().decode(msg.data)) as ShardCommand; } catch { return; }
+        void actor.command(cmd).then((r) => msg.respond(JSON.stringify(r)));
+      },
+    });
+    this.actors.set(shard, actor);
+    this.metrics.shards.set(this.actors.size);
+    return {
+      shard, epoch,
+      stop: async () => { sub.unsubscribe(); await actor.stop(); this.actors.delete(shard); this.metrics.shards.set(this.actors.size); },
+      fence: () => { sub.unsubscribe(); actor.fence(); this.actors.delete(shard); this.metrics.shards.set(this.actors.size); },
+    };
+  }
+
+  private firedPerSec(): number {
+    const cutoff = this.clock.monotonic() - 5000;
+    while (this.firedWindow.length && this.firedWindow[0]! < cutoff) this.firedWindow.shift();
+    return Math.round(this.firedWindow.length / 5);
+  }
+  private maxLagMs(): number {
+    let m = 0; for (const a of this.actors.values()) m = Math.max(m, a.stats.lastLateMs); return Math.round(m);
+  }
+
+  async status(): Promise<unknown> {
+    const members = this.supervisor.liveMembers();
+    const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() } };
+    const nodes = [self, ...members.filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load }))];
+    const shards = await this.store.listShards();
+    const executors = await this.store.listExecutors();
+    const r = await this.store.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
+    const drained = (await this.store.pool.query("select value from meta where key = 'drained'")).rows[0]?.value ?? [];
+    return {
+      namespace: this.config.namespace, shardCount: this.shardCount, nodes, drained,
+      unowned: shards.filter((s) => !nodes.some((n) => n.shards.includes(s.shard))).map((s) => s.shard),
+      tasks: r.rows[0].tasks, running: r.rows[0].running, executors,
+      firedPerSec: nodes.reduce((n, x) => n + x.load.firedPerSec, 0),
+      persister: this.persister.stats,
+    };
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    this.log.info("node stopping: no new fires, flushing, releasing leases");
+    if (this.pruneTimer) clearInterval(this.pruneTimer);
+    await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
+    await this.deps?.stop();
+    for (const s of this.subs) s.unsubscribe();
+    await this.http?.close();
+    await this.nc?.drain().catch(() => undefined);
+    await this.due?.close();
+    await this.store?.close();
+    this.log.info("node stopped");
+  }
+}

@@ -1,0 +1,257 @@
+import { hostname } from "node:os";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
+import { names, silentLogger, type Logger, type Names } from "../common/index.ts";
+import { DispatchBatchSchema, decode, encode, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
+import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
+
+export interface RunContext {
+  runId: string;
+  taskId: number;
+  taskName: string;
+  attempt: number;
+  source: DispatchRun["source"];
+  payload: unknown;
+  /** The time the run was due (epoch ms). */
+  scheduledAt: number;
+  firedAt: number;
+  /** Aborts when the task's timeout elapses (measured from when this instance started the run). */
+  signal: AbortSignal;
+}
+
+export type RunHandler = (ctx: RunContext) => unknown | Promise<unknown>;
+
+/** Throw this (or any error with `nonRetryable: true`) to fail a run without retries. */
+export class NonRetryableError extends Error {
+  override name = "NonRetryableError";
+  readonly nonRetryable = true;
+}
+
+export interface ExecutorOptions {
+  name: string;
+  handler: RunHandler;
+  /** Runs executed at once by this instance. */
+  concurrency?: number;
+  namespace?: string;
+  natsUrl?: string;
+  /** Reuse a connection instead of opening one. */
+  connection?: NatsConnection;
+  instance?: string;
+  logger?: Logger;
+  /** Announce the executor to the cluster (so tasks can name it). Default true. */
+  register?: boolean;
+  maxInFlight?: number;
+  /** Events are flushed at most this often; completions of many runs share one message. */
+  eventFlushMs?: number;
+  ackWaitMs?: number;
+}
+
+const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
+
+/**
+ * The executor SDK. Pulls dispatch batches from the executor's durable consumer, runs the
+ * handler per run with bounded concurrency and publishes started / progress / completed /
+ * failed events in batches.
+ *
+ * Delivery is at least once; the effect is once per run id within an instance:
+ * - a run id already finished here (its ack was lost, the batch came back) is not run again;
+ * - a run id running here is not started a second time;
+ * - a redelivered run whose deadline (fired + timeout) has passed is dropped: the scheduler
+ *   has timed it out and owns its retry.
+ * A dispatch message is acked only after every run in it finished and their events were
+ * stored by JetStream, and kept alive with in-progress acks while runs take long.
+ */
+export class Executor {
+  readonly name: string;
+  readonly instance: string;
+  private readonly opts: ExecutorOptions;
+  private readonly log: Logger;
+  private readonly n: Names;
+  private nc: NatsConnection | null = null;
+  private ownsConnection = false;
+  private js: JetStreamClient | null = null;
+  private stopping = false;
+  private active = new Map<string, { startedMono: number; timeoutMs: number }>();
+  private finished = new Map<string, true>();
+  private readonly finishedCap = 100_000;
+  private slots: number;
+  private slotWaiters: Array<() => void> = [];
+  private pending = new Map<number, RunEvent[]>();
+  private flushTimer: NodeJS.Timeout | null = null;
+  private flushing: Promise<void> = Promise.resolve();
+  private loop: Promise<void> | null = null;
+  private inflightMessages = new Set<Promise<void>>();
+  private stopConsume: (() => void) | null = null;
+  private eventSeq = 0;
+  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, malformed: 0 };
+
+  constructor(opts: ExecutorOptions) {
+    if (!EXECUTOR_NAME_RE.test(opts.name)) throw new Error(`executor name ${JSON.stringify(opts.name)}: use letters, digits, _ or - (at most 64)`);
+    this.opts = opts;
+    this.name = opts.name;
+    this.instance = opts.instance ?? `${hostname()}-${process.pid}-${Math.random().toString(36).slice(2, 6)}`;
+    this.log = (opts.logger ?? silentLogger).child({ executor: opts.name, instance: this.instance });
+    this.n = names(opts.namespace ?? process.env.AX_NAMESPACE ?? "ax");
+    this.slots = Math.max(1, opts.concurrency ?? 64);
+  }
+
+  async start(): Promise<void> {
+    if (this.opts.connection) this.nc = this.opts.connection;
+    else {
+      this.nc = await connect({ servers: (this.opts.natsUrl ?? process.env.AX_NATS_URL ?? "nats://127.0.0.1:4222").split(","), name: `ax-executor:${this.name}` });
+      this.ownsConnection = true;
+    }
+    this.js = jetstream(this.nc);
+    const jsm = await jetstreamManager(this.nc);
+    await ensureStreams(jsm, this.n);
+    const durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
+    if (this.opts.register !== false) void this.registerLoop();
+    const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
+    const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)) });
+    this.stopConsume = () => { void messages.close(); };
+    this.loop = (async () => {
+      for await (const m of messages) {
+        if (this.stopping) { m.nak(); continue; }
+        const p = this.onMessage(m).catch((e) => this.log.error({ err: e }, "dispatch handling failed"));
+        this.inflightMessages.add(p);
+        void p.finally(() => this.inflightMessages.delete(p));
+        // Back-pressure: do not pull more than we can run.
+        while (this.slots <= 0 && !this.stopping) await new Promise<void>((r) => this.slotWaiters.push(r));
+      }
+    })();
+    this.log.info({ durable }, "executor started");
+  }
+
+  /** Stops pulling, lets running handlers finish, flushes events. */
+  async stop(): Promise<void> {
+    if (this.stopping) return;
+    this.stopping = true;
+    this.stopConsume?.();
+    for (const w of this.slotWaiters.splice(0)) w();
+    await Promise.allSettled([...this.inflightMessages]);
+    await this.flush();
+    await this.loop?.catch(() => undefined);
+    if (this.ownsConnection) await this.nc?.drain().catch(() => undefined);
+  }
+
+  private async registerLoop(): Promise<void> {
+    const body = encode({ name: this.name, kind: "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
+    for (let i = 0; !this.stopping; i++) {
+      try {
+        await this.nc!.request(this.n.apiSubject("executor.register"), body, { timeout: 2000 });
+        return;
+      } catch {
+        // No node answers yet; keep consuming and try again.
+        await new Promise((r) => setTimeout(r, Math.min(5000, 250 * 2 ** i)));
+      }
+    }
+  }
+
+  private async onMessage(m: JsMsg): Promise<void> {
+    const d = decode(DispatchBatchSchema, m.data);
+    if (!d.ok) {
+      this.stats.malformed++;
+      this.log.warn({ reason: d.reason, seq: m.seq }, "malformed dispatch refused");
+      m.term();
+      return;
+    }
+    const batch = d.value;
+    const keepAlive = setInterval(() => m.working(), Math.max(1000, (this.opts.ackWaitMs ?? 30_000) / 3));
+    try {
+      const runs: Array<Promise<void>> = [];
+      for (const run of batch.runs) {
+        if (this.finished.has(run.runId) || this.active.has(run.runId)) { this.stats.duplicates++; continue; }
+        if (m.info.deliveryCount > 1 && Date.now() > run.firedAt + run.timeoutMs) { this.stats.expired++; continue; }
+        while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
+        this.slots--;
+        runs.push(this.execute(batch.shard, run).finally(() => {
+          this.slots++;
+          this.slotWaiters.shift()?.();
+        }));
+      }
+      await Promise.all(runs);
+      await this.flush();
+      m.ack();
+    } finally {
+      clearInterval(keepAlive);
+    }
+  }
+
+  private async execute(shard: number, run: DispatchRun): Promise<void> {
+    this.active.set(run.runId, { startedMono: performance.now(), timeoutMs: run.timeoutMs });
+    this.stats.runs++;
+    this.emit(shard, { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now() });
+    const ac = new AbortController();
+    const timeout = setTimeout(() => ac.abort(new Error(`timed out after ${run.timeoutMs}ms`)), run.timeoutMs);
+    const hbEvery = Math.min(10_000, Math.max(250, Math.floor(run.timeoutMs / 3)));
+    const hb = setInterval(() => this.emit(shard, { type: "progress", runId: run.runId, taskId: run.taskId, at: Date.now() }), hbEvery);
+    let failure: Failure | null = null;
+    try {
+      await Promise.race([
+        Promise.resolve().then(() => this.opts.handler({
+          runId: run.runId, taskId: run.taskId, taskName: run.taskName, attempt: run.attempt, source: run.source,
+          payload: run.payload, scheduledAt: run.scheduledAt, firedAt: run.firedAt, signal: ac.signal,
+        })),
+        new Promise((_, reject) => ac.signal.addEventListener("abort", () => reject(Object.assign(new Error(`timed out after ${run.timeoutMs}ms`), { type: "timeout" })), { once: true })),
+      ]);
+    } catch (e) {
+      const err = e as { message?: string; name?: string; type?: string; nonRetryable?: boolean };
+      failure = { message: String(err?.message ?? e), type: err?.type ?? err?.name ?? "Error" };
+      if (err?.nonRetryable) failure.nonRetryable = true;
+    } finally {
+      clearTimeout(timeout);
+      clearInterval(hb);
+    }
+    this.active.delete(run.runId);
+    this.remember(run.runId);
+    if (failure) {
+      this.stats.failed++;
+      this.emit(shard, { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure });
+    } else {
+      this.stats.succeeded++;
+      this.emit(shard, { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() });
+    }
+  }
+
+  private remember(runId: string): void {
+    this.finished.set(runId, true);
+    if (this.finished.size > this.finishedCap) {
+      const oldest = this.finished.keys().next().value;
+      if (oldest !== undefined) this.finished.delete(oldest);
+    }
+  }
+
+  private emit(shard: number, ev: RunEvent): void {
+    let list = this.pending.get(shard);
+    if (!list) { list = []; this.pending.set(shard, list); }
+    list.push(ev);
+    if (list.length >= 500) void this.flush();
+    else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush(); }, this.opts.eventFlushMs ?? 5);
+  }
+
+  /** Publishes every buffered event; resolves when JetStream stored them (and anything flushed before). */
+  flush(): Promise<void> {
+    if (this.flushTimer) { clearTimeout(this.flushTimer); this.flushTimer = null; }
+    const batches = [...this.pending];
+    this.pending = new Map();
+    const prev = this.flushing;
+    this.flushing = (async () => {
+      await prev;
+      await Promise.all(batches.map(async ([shard, events]) => {
+        const msgID = `e:${this.instance}:${++this.eventSeq}`;
+        const data = encode({ v: 1, executor: this.name, instance: this.instance, shard, events });
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await this.js!.publish(this.n.eventsSubject(shard), data, { msgID, timeout: 5000 });
+            return;
+          } catch (e) {
+            // Same msgID on retry: JetStream de-duplicates a publish that did land.
+            if (attempt >= 20) { this.log.error({ err: e, shard, events: events.length }, "events could not be published"); throw e; }
+            await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
+          }
+        }
+      }));
+    })();
+    return this.flushing;
+  }
+}

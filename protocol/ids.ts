@@ -1,0 +1,24 @@
+import { randomBytes } from "node:crypto";
+
+let counter = 0;
+const nodeSalt = randomBytes(3).toString("hex");
+
+/**
+ * Run ids sort by creation time (base-36 ms prefix) and are unique without coordination
+ * (process salt + counter + randomness). The run id is the request id executors de-duplicate on.
+ */
+export function newRunId(nowMs: number): string {
+  counter = (counter + 1) % 1_679_616; // 36^4
+  return `r${nowMs.toString(36)}${nodeSalt}${counter.toString(36).padStart(4, "0")}${randomBytes(2).toString("hex")}`;
+}
+
+/** A run id derived from its cause, so a redelivered cause yields the same run (and is de-duplicated). */
+export function derivedRunId(prefix: string, key: string): string {
+  let h1 = 0x811c9dc5, h2 = 0x01000193;
+  for (let i = 0; i < key.length; i++) {
+    const c = key.charCodeAt(i);
+    h1 = Math.imul(h1 ^ c, 16777619) >>> 0;
+    h2 = Math.imul(h2 + c, 2246822519) >>> 0;
+  }
+  return `${prefix}${h1.toString(36)}${h2.toString(36)}`;
+}

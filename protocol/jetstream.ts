@@ -1,0 +1,83 @@
+import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type JetStreamManager } from "@nats-io/jetstream";
+import type { Names } from "../common/index.ts";
+
+function isNotFound(e: unknown): boolean {
+  const msg = String((e as Error)?.message ?? e);
+  return /not found/i.test(msg) || (e as { code?: number })?.code === 404;
+}
+
+/**
+ * Creates the namespace's streams idempotently.
+ * - DISPATCH: work queue on `<ns>.dispatch.>`; a message leaves when an executor acks it.
+ *   `duplicate_window` makes a re-published batch (same message id) a no-op.
+ * - EVENTS: interest retention on executor events, run outcomes and dependency triggers; a
+ *   message is kept until every consumer interested in its subject acked it. Consumers are
+ *   created with the streams (ensureShardConsumers) so no event is published before its reader exists.
+ */
+export async function ensureStreams(jsm: JetStreamManager, n: Names): Promise<void> {
+  const want = [
+    { name: n.dispatchStream, subjects: [n.dispatchWildcard], retention: RetentionPolicy.Workqueue },
+    { name: n.eventsStream, subjects: [n.eventsWildcard, n.outcomeWildcard, n.triggerWildcard], retention: RetentionPolicy.Interest },
+  ];
+  for (const s of want) {
+    try {
+      await jsm.streams.info(s.name);
+    } catch (e) {
+      if (!isNotFound(e)) throw e;
+      try {
+        await jsm.streams.add({
+          name: s.name, subjects: s.subjects, retention: s.retention, storage: StorageType.File,
+          duplicate_window: 120_000_000_000, max_age: 7 * 24 * 3600 * 1_000_000_000,
+        });
+      } catch (e2) {
+        if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;
+      }
+    }
+  }
+}
+
+async function ensureConsumer(jsm: JetStreamManager, stream: string, durable: string, filter: string, ackWaitMs: number, maxAckPending: number): Promise<void> {
+  try {
+    await jsm.consumers.info(stream, durable);
+  } catch (e) {
+    if (!isNotFound(e)) throw e;
+    try {
+      await jsm.consumers.add(stream, {
+        durable_name: durable, filter_subject: filter, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All,
+        ack_wait: ackWaitMs * 1_000_000, max_ack_pending: maxAckPending, max_deliver: -1,
+      });
+    } catch (e2) {
+      if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;
+    }
+  }
+}
+
+/** One durable per executor name, shared by all its instances (pull = work distribution). */
+export async function ensureExecutorConsumer(jsm: JetStreamManager, n: Names, executor: string, ackWaitMs = 30_000): Promise<string> {
+  const durable = n.executorConsumer(executor);
+  await ensureConsumer(jsm, n.dispatchStream, durable, n.dispatchSubject(executor), ackWaitMs, 10_000);
+  return durable;
+}
+
+export const shardEventsConsumer = (shard: number) => `shard_${shard}_events`;
+export const shardTriggerConsumer = (shard: number) => `shard_${shard}_trigger`;
+export const DEPENDENCY_CONSUMER = "dependency_actor";
+
+/** Per-shard durables: they move with the shard, so a new owner resumes where the old one acked. */
+export async function ensureShardConsumers(jsm: JetStreamManager, n: Names, shardCount: number): Promise<void> {
+  const jobs: Array<Promise<void>> = [];
+  for (let s = 0; s < shardCount; s++) {
+    jobs.push(ensureConsumer(jsm, n.eventsStream, shardEventsConsumer(s), n.eventsSubject(s), 30_000, 20_000));
+    jobs.push(ensureConsumer(jsm, n.eventsStream, shardTriggerConsumer(s), n.triggerSubject(s), 30_000, 5_000));
+    if (jobs.length >= 32) await Promise.all(jobs.splice(0));
+  }
+  jobs.push(ensureConsumer(jsm, n.eventsStream, DEPENDENCY_CONSUMER, n.outcomeWildcard, 30_000, 5_000));
+  await Promise.all(jobs);
+}
+
+/** Removes everything a namespace created in JetStream (tests, teardown). */
+export async function dropStreams(jsm: JetStreamManager, n: Names): Promise<void> {
+  for (const s of [n.dispatchStream, n.eventsStream, `KV_${n.leaseBucket}`]) {
+    try { await jsm.streams.delete(s); } catch (e) { if (!isNotFound(e)) throw e; }
+  }
+}

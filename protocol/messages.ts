@@ -1,0 +1,119 @@
+import { z } from "zod";
+
+/**
+ * Every message that crosses NATS, as zod schemas. Each boundary decodes with `decode()`:
+ * a malformed message is refused with a reason (logged by the caller), never thrown into
+ * a node's event loop. `v` is the wire version; readers refuse versions they do not know.
+ */
+const runId = z.string().min(1).max(128);
+const ms = z.number().int().nonnegative();
+
+export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire"]);
+
+/** One run handed to an executor. */
+export const DispatchRunSchema = z.object({
+  runId,
+  taskId: z.number().int().positive(),
+  taskName: z.string(),
+  attempt: z.number().int().positive(),
+  source: RunSourceSchema,
+  payload: z.unknown(),
+  scheduledAt: ms.describe("the time the run was due (epoch ms)"),
+  firedAt: ms,
+  timeoutMs: z.number().int().positive(),
+});
+
+/** Subject `<ns>.dispatch.<executor>`; JetStream message id = `d:<first runId>`. */
+export const DispatchBatchSchema = z.object({
+  v: z.literal(1),
+  shard: z.number().int().nonnegative(),
+  epoch: z.number().int().nonnegative(),
+  node: z.string(),
+  runs: z.array(DispatchRunSchema).min(1),
+});
+
+export const FailureSchema = z.object({
+  message: z.string(),
+  type: z.string().optional(),
+  nonRetryable: z.boolean().optional(),
+});
+
+export const RunEventSchema = z.object({
+  type: z.enum(["started", "progress", "completed", "failed"]),
+  runId,
+  taskId: z.number().int().positive(),
+  at: ms,
+  error: FailureSchema.optional(),
+});
+
+/** Subject `<ns>.events.<shard>`, published by executors. */
+export const EventBatchSchema = z.object({
+  v: z.literal(1),
+  executor: z.string(),
+  instance: z.string(),
+  shard: z.number().int().nonnegative(),
+  events: z.array(RunEventSchema).min(1),
+});
+
+/** One run chain's end, as the DependencyActor needs it. */
+export const OutcomeSchema = z.object({
+  taskId: z.number().int().positive(),
+  runId,
+  outcome: z.enum(["success", "failed", "upstream_failed"]),
+  at: ms,
+  reason: z.string().optional(),
+});
+
+/** Subject `<ns>.outcome.<shard>`, published by shard actors (one message per round); read by the DependencyActor. */
+export const OutcomeBatchSchema = z.object({ v: z.literal(1), outcomes: z.array(OutcomeSchema).min(1) });
+
+/** Subject `<ns>.trigger.<shard>`, published by the DependencyActor for a downstream task. */
+export const DependencyTriggerSchema = z.object({
+  v: z.literal(1),
+  kind: z.enum(["due", "upstream_failed"]),
+  taskId: z.number().int().positive(),
+  key: z.string().min(1),
+  upstreamRuns: z.array(runId),
+  reason: z.string(),
+  at: ms,
+});
+
+export type DispatchRun = z.infer<typeof DispatchRunSchema>;
+export type DispatchBatch = z.infer<typeof DispatchBatchSchema>;
+export type RunEvent = z.infer<typeof RunEventSchema>;
+export type EventBatch = z.infer<typeof EventBatchSchema>;
+export type Outcome = z.infer<typeof OutcomeSchema>;
+export type OutcomeBatch = z.infer<typeof OutcomeBatchSchema>;
+export type DependencyTrigger = z.infer<typeof DependencyTriggerSchema>;
+export type Failure = z.infer<typeof FailureSchema>;
+
+export const WIRE_SCHEMAS = {
+  DispatchBatch: DispatchBatchSchema,
+  EventBatch: EventBatchSchema,
+  OutcomeBatch: OutcomeBatchSchema,
+  DependencyTrigger: DependencyTriggerSchema,
+} as const;
+
+const textDecoder = new TextDecoder();
+const textEncoder = new TextEncoder();
+
+export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: string };
+
+export function decode<T>(schema: z.ZodType<T>, data: Uint8Array | string): Decoded<T> {
+  let json: unknown;
+  try {
+    json = JSON.parse(typeof data === "string" ? data : textDecoder.decode(data));
+  } catch (e) {
+    return { ok: false, reason: `not JSON: ${(e as Error).message}` };
+  }
+  const r = schema.safeParse(json);
+  if (!r.success) {
+    const issue = r.error.issues[0];
+    return { ok: false, reason: `${issue?.path.join(".") || "(root)"}: ${issue?.message ?? "invalid"}` };
+  }
+  return { ok: true, value: r.data };
+}
+
+export function encode(value: unknown): Uint8Array {
+  return textEncoder.encode(JSON.stringify(value));
+}
