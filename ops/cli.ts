@@ -90,7 +90,8 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     .requiredOption("--name <name>", "executor name tasks refer to").option("--sleep <ms>", "time each run takes", "100")
     .option("--fail-rate <f>", "probability 0..1 that a run fails", "0").option("--concurrency <n>", "runs at once", "64")
     .option("--record <file>", "append each completed run id to FILE (for tests)")
-    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string }) => {
+    .option("--ack-wait <dur>", "redelivery delay of a dispatch whose executor died (set when the consumer is first created)", "30s")
+    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string; ackWait: string }) => {
       const c = cfg();
       const failRate = Number(o.failRate);
       if (!(failRate >= 0 && failRate <= 1)) throw new InvalidInputError("--fail-rate", o.failRate, "must be a number from 0 to 1");
@@ -98,7 +99,8 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       const concurrency = Number(o.concurrency);
       if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
       const log = createLogger({ level: c.logLevel, name: "ax-executor" });
-      const ex = new Executor({ name: o.name, namespace: c.namespace, natsUrl: c.natsUrl, concurrency, logger: log,
+      const ackWaitMs = parseDuration("--ack-wait", o.ackWait);
+      const ex = new Executor({ name: o.name, namespace: c.namespace, natsUrl: c.natsUrl, concurrency, logger: log, ackWaitMs,
         handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
       await ex.start();
       process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);

@@ -83,6 +83,9 @@ export class Executor {
   private inflightMessages = new Set<Promise<void>>();
   private stopConsume: (() => void) | null = null;
   private eventSeq = 0;
+  private registeredResolve!: () => void;
+  /** Resolves once a node has recorded this executor (tasks may name it from then on). */
+  readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
   readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, malformed: 0 };
 
   constructor(opts: ExecutorOptions) {
@@ -139,6 +142,7 @@ export class Executor {
     for (let i = 0; !this.stopping; i++) {
       try {
         await this.nc!.request(this.n.apiSubject("executor.register"), body, { timeout: 2000 });
+        this.registeredResolve();
         return;
       } catch {
         // No node answers yet; keep consuming and try again.

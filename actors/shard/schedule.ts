@@ -64,13 +64,18 @@ export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "m
       const plan = planAfter(t, last, nowMs, task.misfire, { createdAtMs: task.createdMs, ...(opts.graceMs !== undefined ? { graceMs: opts.graceMs } : {}) });
       const first = plan.fire[0];
       if (first) {
-        p = { dueMs: nowMs, slotMs: first.slotMs, triggerId: tr.id, source: "misfire", causedBy: null,
+        // One catch-up stands for every slot up to now (within the grace too), so the cadence
+        // resumes strictly after now instead of firing the slots just inside the grace again.
+        let slot = first.slotMs;
+        if (task.misfire === "once") for (let n = t.next(slot); n !== null && n <= nowMs; n = t.next(slot)) slot = n;
+        p = { dueMs: nowMs, slotMs: slot, triggerId: tr.id, source: "misfire", causedBy: null,
           reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(first.slotMs)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
       } else if (plan.nextSlotMs !== null) {
         const from = last ?? task.createdMs;
         p = { dueMs: plan.nextSlotMs, slotMs: plan.nextSlotMs, triggerId: tr.id, source: sourceOfKind(tr.kind), causedBy: null,
-          reason: last === null ? `first slot of ${t.describe()}` : t.explain(from, plan.nextSlotMs) };
-        if (plan.missed > 0) p.reason += `; ${plan.missed} missed slot(s) not run (misfire=${task.misfire})`;
+          reason: last === null ? `first slot of ${t.describe()}`
+            : plan.missed > 0 ? `next slot of ${t.describe()} at ${iso(plan.nextSlotMs)}; ${plan.missed} missed slot(s) before it not run (misfire=${task.misfire})`
+            : t.explain(from, plan.nextSlotMs) };
       }
     }
     if (p && (!best || p.dueMs < best.dueMs)) best = p;

@@ -60,7 +60,7 @@ interface InFlightRun {
   ref: WheelRef | null;
 }
 
-interface LiveTask { row: TaskRow; skippedWhileRunning: number }
+interface LiveTask { row: TaskRow; skippedWhileRunning: number; lastSkipped?: { triggerId: number | null; slotMs: number | null } }
 
 type Mail =
   | { t: "due"; items: Array<{ dueMs: number; item: WheelItem }>; lateMs: number }
@@ -360,6 +360,7 @@ export class ShardActor {
         // overlap=forbid: the slot is not fired; the record says so and why.
         this.stats.skipped++;
         lt.skippedWhileRunning++;
+        lt.lastSkipped = { triggerId: p.triggerId, slotMs: p.slotMs };
         round.write.runInserts.push({ ...base, attempt: 0, state: "skipped", finishedMs: now, error: `not fired: previous run ${res.runningRunId} still in flight (overlap=forbid)` });
         this.advanceAfterFire(round, lt, p, now);
       } else {
@@ -400,7 +401,9 @@ export class ShardActor {
   /** After a scheduled slot fired (or was skipped): remember the slot, point at the next one. */
   private advanceAfterFire(round: Round, lt: LiveTask, p: Pointer, now: number): void {
     const row = lt.row;
-    if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry") row.triggerSlots = { ...row.triggerSlots, [String(p.triggerId)]: p.slotMs };
+    // Slots only move forward: a catch-up for an older skipped slot never rewinds the cadence.
+    const key = String(p.triggerId);
+    if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = { ...row.triggerSlots, [key]: p.slotMs };
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
     this.setPointer(round, lt, nextPointer(row, now));
   }
@@ -472,11 +475,13 @@ export class ShardActor {
     // The chain ended (success, or failed with no attempts left).
     if (row.hasDownstreams) round.outcomes.push({ taskId: row.id, runId: run.runId, outcome: res.to === "success" ? "success" : "failed", at: now, ...(upd.error ? { reason: upd.error } : {}) });
     let p = nextPointer(row, now, { completedMs: upd.finishedMs ?? now });
-    if (lt.skippedWhileRunning > 0 && row.misfire !== "skip" && p && p.dueMs > now) {
-      p = { ...p, dueMs: now, source: "misfire", causedBy: run.runId,
+    if (lt.skippedWhileRunning > 0 && row.misfire !== "skip" && lt.lastSkipped && (!p || p.dueMs > now)) {
+      // A slow run made slots pass: fire once at once for the latest of them, then the cadence resumes.
+      p = { dueMs: now, slotMs: lt.lastSkipped.slotMs, triggerId: lt.lastSkipped.triggerId, source: "misfire", causedBy: run.runId,
         reason: `catch-up (misfire=${row.misfire}): ${lt.skippedWhileRunning} slot(s) came due while run ${run.runId} was in flight` };
     }
     lt.skippedWhileRunning = 0;
+    delete lt.lastSkipped;
     this.setPointer(round, lt, p);
   }
 

@@ -1,0 +1,204 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
+import { names } from "../../common/index.ts";
+import type { AxNode } from "../../ops/node.ts";
+import type { AxClient } from "../../ops/client.ts";
+import type { RunContext } from "../../protocol/index.ts";
+import { TestCluster } from "../cluster.ts";
+import { sleep, waitFor } from "../helpers.ts";
+
+interface Run { id: string; source: string; state: string; dueAt: string; firedAt: string | null; finishedAt: string | null; attempt: number; error: string | null; lateOutcome: string | null; startedAt: string | null }
+
+const tc = new TestCluster("node");
+let node: AxNode;
+let client: AxClient;
+let nc: NatsConnection;
+const starts: Array<{ runId: string; task: string; at: number; scheduledAt: number; attempt: number }> = [];
+const hold = new Map<string, number>(); // task name → ms the handler takes
+
+async function handler(ctx: RunContext): Promise<void> {
+  starts.push({ runId: ctx.runId, task: ctx.taskName, at: Date.now(), scheduledAt: ctx.scheduledAt, attempt: ctx.attempt });
+  const p = (ctx.payload ?? {}) as { failAttempts?: number };
+  await sleep(hold.get(ctx.taskName) ?? 20);
+  if (typeof p.failAttempts === "number" && ctx.attempt <= p.failAttempts) throw new Error(`planned failure ${ctx.attempt}`);
+}
+
+const runsOf = (task: string, limit = 100) => client.call<Run[]>("runs", { task, limit });
+const startsOf = (task: string) => starts.filter((s) => s.task === task);
+
+beforeAll(async () => {
+  node = await tc.startNode("n1");
+  await tc.waitForShards();
+  const ex = await tc.startExecutor("work", handler);
+  await ex.registered;
+  client = await tc.client();
+  nc = await connect({ servers: tc.config.natsUrl });
+});
+
+afterAll(async () => {
+  await nc?.close();
+  await tc.teardown();
+});
+
+describe("single node end to end", () => {
+  it("an every-1s task fires at least 5 times in 6 s, no duplicate run ids, lateness under 1 s", async () => {
+    await client.call("task.create", { name: "tick", executor: "work", every: "1s" });
+    await sleep(6000);
+    await client.call("task.pause", { task: "tick" });
+    const s = startsOf("tick");
+    expect(s.length).toBeGreaterThanOrEqual(5);
+    expect(new Set(s.map((x) => x.runId)).size).toBe(s.length);
+    for (const x of s) expect(x.at - x.scheduledAt).toBeLessThan(1000);
+    const runs = await runsOf("tick");
+    expect(runs.filter((r) => r.state === "success").length).toBeGreaterThanOrEqual(5);
+    // The cadence follows the scheduled slots: due times are exactly 1 s apart.
+    const dues = runs.map((r) => Date.parse(r.dueAt)).sort((a, b) => a - b);
+    for (let i = 1; i < dues.length; i++) expect(dues[i]! - dues[i - 1]!).toBe(1000);
+  });
+
+  it("fixed-delay waits for completion before counting", async () => {
+    hold.set("fd", 600);
+    await client.call("task.create", { name: "fd", executor: "work", fixedDelay: "400ms" });
+    await waitFor(async () => (await runsOf("fd")).filter((r) => r.state === "success").length >= 3, 10_000, "3 fixed-delay runs");
+    await client.call("task.pause", { task: "fd" });
+    const runs = (await runsOf("fd")).filter((r) => r.state === "success").reverse();
+    for (let i = 1; i < runs.length; i++) {
+      const gap = Date.parse(runs[i]!.dueAt) - Date.parse(runs[i - 1]!.finishedAt!);
+      expect(gap).toBeGreaterThanOrEqual(395);
+      expect(gap).toBeLessThanOrEqual(450);
+    }
+  });
+
+  it("once (--delay and --at) fires exactly once", async () => {
+    await client.call("task.create", { name: "once-d", executor: "work", delay: "300ms" });
+    await client.call("task.create", { name: "once-at", executor: "work", at: new Date(Date.now() + 500).toISOString() });
+    await waitFor(async () => (await runsOf("once-at")).some((r) => r.state === "success"), 5000, "once-at ran");
+    await sleep(1500);
+    expect(startsOf("once-d")).toHaveLength(1);
+    expect(startsOf("once-at")).toHaveLength(1);
+    const t = await client.call<{ state: string; nextDueAt: string | null }>("task.show", { task: "once-d" });
+    expect(t).toMatchObject({ state: "success", nextDueAt: null });
+  });
+
+  it("fails then succeeds with growing backoff", async () => {
+    await client.call("task.create", { name: "flaky", executor: "work", delay: "100ms", retries: 3, backoff: "200ms", payload: { failAttempts: 2 } });
+    await waitFor(async () => (await runsOf("flaky")).some((r) => r.state === "success"), 10_000, "flaky succeeded");
+    const runs = (await runsOf("flaky")).reverse();
+    expect(runs.map((r) => [r.attempt, r.state, r.source])).toEqual([[1, "failed", "once"], [2, "failed", "retry"], [3, "success", "retry"]]);
+    // Equal jitter: backoff n is in [base·2^(n-1)/2, base·2^(n-1)].
+    const wait1 = Date.parse(runs[1]!.dueAt) - Date.parse(runs[0]!.finishedAt!);
+    const wait2 = Date.parse(runs[2]!.dueAt) - Date.parse(runs[1]!.finishedAt!);
+    expect(wait1).toBeGreaterThanOrEqual(90); expect(wait1).toBeLessThanOrEqual(260);
+    expect(wait2).toBeGreaterThanOrEqual(190); expect(wait2).toBeLessThanOrEqual(460);
+    const why = await client.call<{ sentences: string[] }>("why", { run: runs[2]!.id });
+    expect(why.sentences.join(" ")).toMatch(/retry 3\/4 of run .* \(failed: planned failure 2\)/);
+    expect(why.sentences.join(" ")).toMatch(/succeeded/);
+  });
+
+  it("no completion within the timeout → timed_out → retry; a late completion does not move the task twice", async () => {
+    // An executor that takes runs and never answers: a bare JetStream consumer.
+    const js = jetstream(nc);
+    const { ensureExecutorConsumer } = await import("../../protocol/index.ts");
+    const jsm = await (await import("@nats-io/jetstream")).jetstreamManager(nc);
+    const durable = await ensureExecutorConsumer(jsm, names(tc.ns), "mute");
+    await client.call("executor.register", { name: "mute" });
+    const consumer = await js.consumers.get(names(tc.ns).dispatchStream, durable);
+    const got: string[] = [];
+    const msgs = await consumer.consume({ max_messages: 10 });
+    void (async () => { for await (const m of msgs) { got.push(...(JSON.parse(m.string()).runs as Array<{ runId: string }>).map((r) => r.runId)); m.ack(); } })();
+    await client.call("task.create", { name: "mute-task", executor: "mute", delay: "100ms", timeout: "600ms", retries: 1, backoff: "100ms" });
+    await waitFor(async () => (await runsOf("mute-task")).filter((r) => r.state === "timed_out").length === 2, 10_000, "two timeouts");
+    await msgs.close();
+    const runs = (await runsOf("mute-task")).reverse();
+    expect(runs.map((r) => [r.attempt, r.state, r.source])).toEqual([[1, "timed_out", "once"], [2, "timed_out", "retry"]]);
+    expect((await client.call<{ state: string }>("task.show", { task: "mute-task" })).state).toBe("failed");
+    // Now the first run's completion arrives, far too late.
+    const task = await client.call<{ id: number; shard: number }>("task.show", { task: "mute-task" });
+    await js.publish(names(tc.ns).eventsSubject(task.shard), JSON.stringify({ v: 1, executor: "mute", instance: "late", shard: task.shard,
+      events: [{ type: "completed", runId: runs[0]!.id, taskId: task.id, at: Date.now() }] }));
+    await waitFor(async () => (await runsOf("mute-task")).find((r) => r.id === runs[0]!.id)?.lateOutcome === "success", 5000, "late outcome recorded");
+    const after = await client.call<{ state: string }>("task.show", { task: "mute-task" });
+    expect(after.state).toBe("failed");
+    expect((await runsOf("mute-task")).length).toBe(2);
+    expect(got).toHaveLength(2);
+  });
+
+  it("a manual run is refused while one is in flight (exit 3, message, run id); --force does not bypass it", async () => {
+    hold.set("long", 3000);
+    await client.call("task.create", { name: "long", executor: "work", every: "1h" });
+    const first = await tc.cli(["run", "long", "--json"]);
+    expect(first.code).toBe(0);
+    const runId = JSON.parse(first.stdout).runId as string;
+    const again = await tc.cli(["run", "long"]);
+    expect(again.code).toBe(3);
+    expect(again.stderr).toContain(`task is running (run ${runId})`);
+    const forced = await tc.cli(["run", "long", "--force"]);
+    expect(forced.code).toBe(3);
+    const runs = await runsOf("long");
+    expect(runs.map((r) => r.source)).toEqual(["manual"]);
+  });
+
+  it("pause stops fires; resume applies the misfire policy (once: one catch-up)", async () => {
+    await client.call("task.create", { name: "pz", executor: "work", every: "500ms" });
+    await waitFor(() => startsOf("pz").length >= 2, 5000, "pz running");
+    await client.call("task.pause", { task: "pz" });
+    await sleep(300);
+    const n = startsOf("pz").length;
+    await sleep(2000);
+    expect(startsOf("pz").length).toBe(n);
+    const paused = await tc.cli(["run", "pz"]);
+    expect(paused.code).toBe(3);
+    expect(paused.stderr).toContain("paused");
+    await client.call("task.resume", { task: "pz" });
+    await waitFor(() => startsOf("pz").length >= n + 2, 5000, "pz resumed");
+    const runs = (await runsOf("pz")).reverse().slice(n);
+    expect(runs[0]!.source, JSON.stringify(runs.map((r) => [r.source, r.dueAt, r.state]))).toBe("misfire");
+    expect(runs.filter((r) => r.source === "misfire"), JSON.stringify(await runsOf("pz"))).toHaveLength(1);
+    await client.call("task.pause", { task: "pz" });
+  });
+
+  it("malformed messages on the dispatch and event subjects are refused; the node keeps working", async () => {
+    const js = jetstream(nc);
+    const n = names(tc.ns);
+    await js.publish(n.dispatchSubject("work"), "not json");
+    await js.publish(n.dispatchSubject("work"), JSON.stringify({ v: 1, shard: 0, epoch: 1, node: "x", runs: [{ runId: 5 }] }));
+    for (let s = 0; s < tc.config.shardCount; s++) await js.publish(n.eventsSubject(s), JSON.stringify({ v: 2, junk: true }));
+    await client.call("task.create", { name: "after-junk", executor: "work", delay: "200ms" });
+    await waitFor(async () => (await runsOf("after-junk")).some((r) => r.state === "success"), 5000, "a task still runs");
+    expect(node.ownedShards()).toHaveLength(tc.config.shardCount);
+  });
+
+  it("invalid CLI input is refused with exit code 2 naming the field", async () => {
+    const cases: Array<[string[], RegExp]> = [
+      [["task", "create", "b1", "--executor", "work", "--cron", "* 25 * * *"], /hour/],
+      [["task", "create", "b2", "--executor", "nobody", "--every", "1s"], /executor/],
+      [["task", "create", "b3", "--executor", "work", "--every", "ten seconds"], /every/],
+      [["task", "create", "b4", "--executor", "work", "--every", "1s", "--payload", "{oops"], /payload/],
+      [["task", "create", "b5", "--executor", "work", "--cron", "0 * * * *", "--tz", "Mars/Olympus"], /tz/],
+      [["task", "create", "b6", "--executor", "work", "--every", "1s", "--delay", "2s"], /every|delay|trigger/],
+      [["task", "create", "b7", "--executor", "work", "--every", "1s", "--misfire", "sometimes"], /misfire/],
+      [["runs", "no-such-task"], /task/],
+    ];
+    for (const [args, re] of cases) {
+      const r = await tc.cli(args);
+      expect(r.code, `${args.join(" ")} → ${r.stderr}`).toBe(2);
+      expect(r.stderr).toMatch(re);
+    }
+  });
+
+  it("the CLI reads back what happened: runs --json, why, task show/preview, status", async () => {
+    const runs = JSON.parse((await tc.cli(["runs", "tick", "--json", "--limit", "3"])).stdout) as Array<Record<string, unknown>>;
+    expect(runs).toHaveLength(3);
+    for (const k of ["id", "taskId", "source", "state", "dueAt", "firedAt", "finishedAt", "node", "shard", "epoch", "attempt"]) expect(runs[0]).toHaveProperty(k);
+    const why = await tc.cli(["why", String(runs[0]!.id)]);
+    expect(why.code).toBe(0);
+    expect(why.stdout).toMatch(/every 1s/);
+    expect(why.stdout).toMatch(/Node n1 fired it .* shard \d+ under lease epoch \d+/);
+    expect(why.stdout).toMatch(/Executor instance .* started it/);
+    const preview = await tc.cli(["task", "preview", "tick", "--count", "3"]);
+    expect(preview.stdout.trim().split("\n")).toHaveLength(4);
+    const status = JSON.parse((await tc.cli(["status", "--json"])).stdout);
+    expect(status.nodes[0].shards).toHaveLength(tc.config.shardCount);
+  });
+});
