@@ -1,7 +1,7 @@
 import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
-import type { NewTask, RunInsert, RunRow, RunUpdate, ShardRow, ShardWrite, TaskRow, TaskUpdate, TriggerRow } from "./types.ts";
+import type { BulkCreated, BulkNewTask, NewTask, RunInsert, RunRow, RunUpdate, ShardRow, ShardWrite, TaskRow, TaskUpdate, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
 pg.types.setTypeParser(20, (v: string) => Number(v));
@@ -166,6 +166,84 @@ export class Store {
     } finally { c.release(); }
     const row = await this.getTask(t.name);
     return row!;
+  }
+
+  /**
+   * Bulk registration: many tasks in one transaction, written with COPY (tasks, triggers,
+   * task_triggers) and one unnest insert for dependency edges. Ids (tasks and triggers) are
+   * drawn from the sequences up front, so each task's shard (`shardOf(id)`) and first trigger
+   * are known before anything is written. All or nothing: an unknown executor or a name that
+   * already exists refuses the whole batch, naming the field and value.
+   *
+   * Upstreams must be existing tasks (the caller resolves them): a new task only gains
+   * in-edges, so no edge added here can close a cycle and no cycle check is needed.
+   */
+  async createTasksBulk(tasks: ReadonlyArray<BulkNewTask>, shardOf: (id: number) => number): Promise<BulkCreated[]> {
+    if (!tasks.length) return [];
+    const seen = new Set<string>();
+    for (const t of tasks) {
+      if (seen.has(t.name)) throw new InvalidInputError("name", t.name, "appears twice in the batch", "AX_E_CONFLICT");
+      seen.add(t.name);
+    }
+    const c = await this.pool.connect();
+    const out: BulkCreated[] = new Array(tasks.length);
+    try {
+      await c.query("begin");
+      const executors = [...new Set(tasks.map((t) => t.executor))];
+      const known = new Set((await c.query("select name from executors where name = any($1::text[])", [executors])).rows.map((x) => x.name as string));
+      for (const e of executors) if (!known.has(e)) throw new InvalidInputError("executor", e, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
+      const nTriggers = tasks.reduce((n, t) => n + t.triggers.length, 0);
+      const ids = await reserveIds(c, "tasks", tasks.length);
+      const trIds = nTriggers ? await reserveIds(c, "triggers", nTriggers) : [];
+      const T = new CopyText(); const TR = new CopyText(); const TT = new CopyText();
+      const recordJson = new Map<unknown, string>(); // records are shared per (maxAttempts, overlap): stringify once
+      const edges: { d: number[]; u: number[] } = { d: [], u: [] };
+      let k = 0;
+      for (let i = 0; i < tasks.length; i++) {
+        const t = tasks[i]!;
+        const id = ids[i]!;
+        const shard = shardOf(id);
+        let firstTrigger: number | null = null;
+        for (const tr of t.triggers) {
+          const trId = trIds[k++]!;
+          firstTrigger ??= trId;
+          TR.row([trId, tr.kind, JSON.stringify(tr.spec), "t", t.nowMs]);
+          TT.row([id, trId]);
+        }
+        let rec = recordJson.get(t.record);
+        if (rec === undefined) { rec = JSON.stringify(t.record); recordJson.set(t.record, rec); }
+        T.row([id, t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
+          t.overlap, shard, t.state, rec, "{}", t.nextDueMs, t.nextSlotMs, firstTrigger, t.nextSource, t.nextReason, null, t.nowMs, t.nowMs]);
+        for (const up of t.upstreams) { edges.d.push(id); edges.u.push(up); }
+        out[i] = { id, name: t.name, shard, nextDueMs: t.nextDueMs };
+      }
+      // triggers first, then tasks, then the links (foreign keys are checked per row).
+      if (nTriggers) await copyIn(c, "copy triggers (id, kind, spec, enabled, created_ms) from stdin", TR.chunks());
+      try {
+        await copyIn(c, `copy tasks (id, name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
+          shard, state, record, trigger_slots, next_due_ms, next_slot_ms, next_trigger_id, next_source, next_reason, next_caused_by,
+          created_ms, updated_ms) from stdin`, T.chunks());
+      } catch (e) {
+        const err = e as { code?: string; detail?: string };
+        if (err.code === "23505") {
+          const m = /\(name\)=\((.*)\) already exists/.exec(err.detail ?? "");
+          throw new InvalidInputError("name", m?.[1] ?? null, "a task with this name already exists", "AX_E_CONFLICT");
+        }
+        throw e;
+      }
+      if (nTriggers) await copyIn(c, "copy task_triggers (task_id, trigger_id) from stdin", TT.chunks());
+      if (edges.d.length) {
+        await this.lockGraph(c);
+        await c.query(
+          `insert into dependencies (downstream, upstream, created_ms) select d, u, $3 from unnest($1::bigint[], $2::bigint[]) x(d, u)
+           on conflict do nothing`, [edges.d, edges.u, tasks[0]!.nowMs]);
+      }
+      await c.query("commit");
+    } catch (e) {
+      await c.query("rollback").catch(() => undefined);
+      throw e;
+    } finally { c.release(); }
+    return out;
   }
 
   /** By numeric id or by name. */
@@ -379,6 +457,72 @@ async function updateTasks(c: pg.PoolClient, rows: TaskUpdate[]): Promise<void> 
     [list.map((u) => u.id), list.map((u) => u.state), list.map((u) => JSON.stringify(u.record)), list.map((u) => JSON.stringify(u.triggerSlots)),
       list.map((u) => u.nextDueMs), list.map((u) => u.nextSlotMs), list.map((u) => u.nextTriggerId), list.map((u) => u.nextSource),
       list.map((u) => u.nextReason), list.map((u) => u.nextCausedBy), Date.now()]);
+}
+
+/** `n` fresh ids from the table's id sequence, in ascending order. */
+async function reserveIds(c: pg.PoolClient, table: string, n: number): Promise<number[]> {
+  const r = await c.query({ text: "select nextval(pg_get_serial_sequence($1, 'id')) as id from generate_series(1, $2::int)", values: [table, n], rowMode: "array" });
+  return r.rows.map((x: unknown[]) => Number(x[0]));
+}
+
+/**
+ * Rows in PostgreSQL's COPY text format (tab separated, `\N` = null, backslash escapes),
+ * collected into chunks of about 256 KB.
+ */
+class CopyText {
+  private parts: string[] = [];
+  private done: string[] = [];
+  private size = 0;
+  row(values: ReadonlyArray<string | number | null | undefined>): void {
+    let line = "";
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      if (i) line += "\t";
+      if (v === null || v === undefined) line += "\\N";
+      else if (typeof v === "number") line += String(v);
+      else line += COPY_SPECIAL.test(v) ? v.replace(COPY_SPECIAL_G, escapeCopyChar) : v;
+    }
+    line += "\n";
+    this.parts.push(line);
+    this.size += line.length;
+    if (this.size >= 262_144) this.flush();
+  }
+  private flush(): void {
+    if (this.parts.length) this.done.push(this.parts.join(""));
+    this.parts = []; this.size = 0;
+  }
+  chunks(): string[] { this.flush(); return this.done; }
+}
+const COPY_SPECIAL = /[\\\n\r\t]/;
+const COPY_SPECIAL_G = /[\\\n\r\t]/g;
+const escapeCopyChar = (ch: string): string => (ch === "\\" ? "\\\\" : ch === "\n" ? "\\n" : ch === "\r" ? "\\r" : "\\t");
+
+/**
+ * `COPY … FROM STDIN` on a pg client without an extra dependency: a submittable query that
+ * answers the server's CopyInResponse with the data and resolves on ReadyForQuery.
+ */
+function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number> {
+  return new Promise<number>((resolve, reject) => {
+    let error: unknown = null;
+    let rows = 0;
+    const q = {
+      callback: undefined as unknown,
+      submit(con: { query(text: string): void }) { con.query(sql); },
+      handleCopyInResponse(con: { sendCopyFromChunk(b: Buffer): void; endCopyFrom(): void }) {
+        for (const ch of chunks) con.sendCopyFromChunk(Buffer.from(ch, "utf8"));
+        con.endCopyFrom();
+      },
+      handleCommandComplete(msg: { text?: string }) { rows = Number(/(\d+)$/.exec(msg.text ?? "")?.[1] ?? 0); },
+      handleError(e: unknown) { error = e; },
+      handleReadyForQuery() { if (error) reject(error); else resolve(rows); },
+      handleRowDescription() { /* none for COPY FROM */ },
+      handleDataRow() { /* none */ },
+      handleEmptyQuery() { /* none */ },
+      handlePortalSuspended() { /* none */ },
+      handleCopyData() { /* only for COPY TO */ },
+    };
+    (c as unknown as { query(q: unknown): void }).query(q);
+  });
 }
 
 function stripUndefined<T extends object>(o: T): Partial<T> {

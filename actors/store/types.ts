@@ -57,6 +57,10 @@ export interface NewTask {
   nowMs: number;
 }
 
+/** One task of a bulk registration: as NewTask, with the shard computed by the store from a common function. */
+export type BulkNewTask = Omit<NewTask, "shardOf">;
+export interface BulkCreated { id: number; name: string; shard: number; nextDueMs: number | null }
+
 export interface RunRow {
   id: string;
   taskId: number;
