@@ -2,6 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
 import { decode, encode } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
+import type { BulkCreated, NewTask } from "../actors/store/index.ts";
 import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
@@ -43,6 +44,60 @@ export const CreateTaskInput = z.object({
   payload: z.unknown().optional(),
 }).passthrough();
 
+/** Most tasks one `task.bulkCreate` call takes (a NATS message is 1 MB by default: ~5-10k specs). */
+export const BULK_MAX = 50_000;
+/** Tasks due sooner than this after a bulk create are handed to their shard owner directly (the refill runs every ~2.5 s). */
+const BULK_HANDOFF_MS = 5_000;
+const BULK_HANDOFF_MAX = 2_000;
+
+export interface ParsedTaskSpec { after: string[]; task: Omit<NewTask, "shardOf" | "upstreams"> }
+
+/** Validates one task spec (the body of `task.create`) and computes its first due time. Pure: no I/O. */
+export function parseTaskSpec(raw: Record<string, unknown>, now: number): ParsedTaskSpec {
+  const a = CreateTaskInput.parse(raw);
+  const name = str("name", a.name);
+  if (!NAME_RE.test(name)) throw new InvalidInputError("name", name, "use letters, digits, '.', '_' or '-' (at most 128)");
+  const executor = str("executor", a.executor);
+  const after = a.after ?? [];
+  const hasTrigger = [a.cron, a.every, a.fixedDelay, a.at, a.delay].some(opt);
+  let spec: TriggerSpec | null = null;
+  if (hasTrigger || !after.length) {
+    spec = parseTrigger({
+      ...(opt(a.cron) ? { cron: a.cron } : {}), ...(opt(a.tz) ? { tz: a.tz } : {}), ...(opt(a.every) ? { every: a.every } : {}),
+      ...(opt(a.fixedDelay) ? { fixedDelay: a.fixedDelay } : {}), ...(opt(a.at) ? { at: a.at } : {}), ...(opt(a.delay) ? { delay: a.delay } : {}),
+    }, now);
+  } else if (opt(a.tz)) throw new InvalidInputError("tz", a.tz, "only with --cron");
+  const timeoutMs = opt(a.timeout) ? parseDuration("timeout", a.timeout) : 30_000;
+  const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
+  const backoffMs = opt(a.backoff) ? parseDuration("backoff", a.backoff, { allowZero: true }) : 1000;
+  const backoffMaxMs = opt(a.backoffMax) ? parseDuration("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
+  const misfire = a.misfire ?? "once";
+  if (!["once", "skip", "all"].includes(misfire)) throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
+  const overlap = a.overlap ?? "forbid";
+  if (!["forbid", "allow"].includes(overlap)) throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
+  const triggers = spec ? [{ kind: spec.kind, spec }] : [];
+  const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire: misfire as "once", createdMs: now }, now) : null;
+  const record = initialRecord({ maxAttempts: retries + 1, overlap: overlap as "forbid" });
+  return {
+    after,
+    task: {
+      name, executor, payload: a.payload ?? null, timeoutMs, maxAttempts: retries + 1, backoffMs, backoffMaxMs,
+      misfire: misfire as "once", overlap: overlap as "forbid", state: record.value, record, triggers,
+      nextDueMs: pointer?.dueMs ?? null, nextSlotMs: pointer?.slotMs ?? null, nextSource: pointer?.source ?? null, nextReason: pointer?.reason ?? null, nowMs: now,
+    },
+  };
+}
+
+/** An error about one spec of a bulk call, re-addressed to `tasks[i].<field>`. */
+function inItem(e: unknown, i: number): unknown {
+  if (e instanceof AxError) return new AxError(e.code, `tasks[${i}].${e.message}`, { field: e.field === undefined ? `tasks[${i}]` : `tasks[${i}].${e.field}`, value: e.value });
+  if (e instanceof z.ZodError) {
+    const issue = e.issues[0];
+    return new InvalidInputError(`tasks[${i}].${issue?.path.join(".") ?? ""}`, undefined, issue?.message ?? "invalid");
+  }
+  return e;
+}
+
 /** The operations of the cluster, shared by the NATS API, the HTTP API and the CLI. */
 export class Api {
   constructor(private readonly d: ApiDeps) {}
@@ -51,6 +106,7 @@ export class Api {
     switch (op) {
       case "executor.register": return this.registerExecutor(args);
       case "task.create": return this.createTask(args);
+      case "task.bulkCreate": return this.bulkCreate(args);
       case "task.ls": return (await this.d.store.listTasks({ limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000 })).map(publicTask);
       case "task.show": return this.showTask(args);
       case "task.preview": return this.previewTask(args);
@@ -82,48 +138,67 @@ export class Api {
   }
 
   async createTask(raw: Record<string, unknown>): Promise<unknown> {
-    const a = CreateTaskInput.parse(raw);
     const now = this.d.clock.now();
-    const name = str("name", a.name);
-    if (!NAME_RE.test(name)) throw new InvalidInputError("name", name, "use letters, digits, '.', '_' or '-' (at most 128)");
-    const executor = str("executor", a.executor);
-    const after = a.after ?? [];
-    const hasTrigger = [a.cron, a.every, a.fixedDelay, a.at, a.delay].some(opt);
-    let spec: TriggerSpec | null = null;
-    if (hasTrigger || !after.length) {
-      spec = parseTrigger({
-        ...(opt(a.cron) ? { cron: a.cron } : {}), ...(opt(a.tz) ? { tz: a.tz } : {}), ...(opt(a.every) ? { every: a.every } : {}),
-        ...(opt(a.fixedDelay) ? { fixedDelay: a.fixedDelay } : {}), ...(opt(a.at) ? { at: a.at } : {}), ...(opt(a.delay) ? { delay: a.delay } : {}),
-      }, now);
-    } else if (opt(a.tz)) throw new InvalidInputError("tz", a.tz, "only with --cron");
-    const timeoutMs = opt(a.timeout) ? parseDuration("timeout", a.timeout) : 30_000;
-    const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
-    const backoffMs = opt(a.backoff) ? parseDuration("backoff", a.backoff, { allowZero: true }) : 1000;
-    const backoffMaxMs = opt(a.backoffMax) ? parseDuration("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
-    const misfire = a.misfire ?? "once";
-    if (!["once", "skip", "all"].includes(misfire)) throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
-    const overlap = a.overlap ?? "forbid";
-    if (!["forbid", "allow"].includes(overlap)) throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
+    const p = parseTaskSpec(raw, now);
     const upstreams: number[] = [];
-    for (const up of after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
-    const triggers = spec ? [{ kind: spec.kind, spec }] : [];
-    const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire: misfire as "once", createdMs: now }, now) : null;
-    const record = initialRecord({ maxAttempts: retries + 1, overlap: overlap as "forbid" });
-    const row = await this.d.store.createTask({
-      name, executor, payload: a.payload ?? null, timeoutMs, maxAttempts: retries + 1, backoffMs, backoffMaxMs,
-      misfire: misfire as "once", overlap: overlap as "forbid", shardOf: (id) => shardOfTask(id, this.d.shardCount),
-      state: record.value, record, triggers, upstreams, nextDueMs: pointer?.dueMs ?? null, nextSlotMs: pointer?.slotMs ?? null,
-      nextSource: pointer?.source ?? null, nextReason: pointer?.reason ?? null, nowMs: now,
-    });
+    for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
+    const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount) });
     if (row.nextDueMs !== null) await this.d.due.add(row.shard, [{ id: row.id, dueMs: row.nextDueMs }]);
     await this.shardCommand(row.shard, { type: "load", taskId: row.id }).catch(() => undefined); // the owner also refills from Redis
     return publicTask(row);
   }
 
-  async bulkCreate(tasks: Array<Record<string, unknown>>): Promise<number> {
-    let n = 0;
-    for (const t of tasks) { await this.createTask(t); n++; }
-    return n;
+  /**
+   * `task.bulkCreate { tasks: [spec…], defaults?: spec, returnIds?: boolean }`: registers up to
+   * BULK_MAX tasks in one transaction (COPY), every spec validated exactly as `task.create`
+   * validates one (a refusal names `tasks[i].<field>` and creates nothing). Each spec is
+   * `{ ...defaults, ...spec }`. `after` may name existing tasks only. Due times go to the
+   * Redis index in batches of 1000 per shard; tasks due within the owners' refill period
+   * are also handed to their shard owners at once.
+   */
+  async bulkCreate(a: Record<string, unknown>): Promise<{ created: number; ids?: number[] }> {
+    const list = a.tasks;
+    if (!Array.isArray(list) || !list.length) throw new InvalidInputError("tasks", list, "must be a non-empty array of task specs");
+    if (list.length > BULK_MAX) throw new InvalidInputError("tasks", list.length, `at most ${BULK_MAX} tasks per call`);
+    const defaults = a.defaults === undefined || a.defaults === null ? {} : a.defaults;
+    if (typeof defaults !== "object" || Array.isArray(defaults)) throw new InvalidInputError("defaults", defaults, "must be an object (a partial task spec)");
+    const now = this.d.clock.now();
+    const parsed: ParsedTaskSpec[] = new Array(list.length);
+    const afterNames = new Set<string>();
+    for (let i = 0; i < list.length; i++) {
+      const item = list[i];
+      if (item === null || typeof item !== "object" || Array.isArray(item)) throw new InvalidInputError(`tasks[${i}]`, item, "must be a task spec object");
+      try {
+        parsed[i] = parseTaskSpec({ ...(defaults as Record<string, unknown>), ...(item as Record<string, unknown>) }, now);
+      } catch (e) { throw inItem(e, i); }
+      for (const n of parsed[i]!.after) afterNames.add(n);
+    }
+    const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
+    const tasks = parsed.map((p, i) => {
+      const upstreams: number[] = [];
+      for (const n of p.after) {
+        const id = upIds.get(n);
+        if (id === undefined) throw new InvalidInputError(`tasks[${i}].after`, n, "no such task (a bulk task may only depend on tasks that already exist)", "AX_E_NOT_FOUND");
+        upstreams.push(id);
+      }
+      return { ...p.task, upstreams };
+    });
+    const created = await this.d.store.createTasksBulk(tasks, (id) => shardOfTask(id, this.d.shardCount));
+    const byShard = new Map<number, Array<{ id: number; dueMs: number }>>();
+    const soon: BulkCreated[] = [];
+    for (const c of created) {
+      if (c.nextDueMs === null) continue;
+      let l = byShard.get(c.shard);
+      if (!l) { l = []; byShard.set(c.shard, l); }
+      l.push({ id: c.id, dueMs: c.nextDueMs });
+      if (c.nextDueMs < now + BULK_HANDOFF_MS) soon.push(c);
+    }
+    await Promise.all([...byShard].map(([shard, entries]) => this.d.due.add(shard, entries)));
+    // The owners take due times from Redis every few seconds; hand the imminent ones over now.
+    for (let i = 0; i < soon.length && i < BULK_HANDOFF_MAX; i += 64) {
+      await Promise.all(soon.slice(i, Math.min(i + 64, BULK_HANDOFF_MAX)).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));
+    }
+    return { created: created.length, ...(a.returnIds === true ? { ids: created.map((c) => c.id) } : {}) };
   }
 
   private async task(a: Record<string, unknown>): Promise<TaskRow> {

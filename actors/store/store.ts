@@ -246,6 +246,12 @@ export class Store {
     return out;
   }
 
+  /** Ids of the tasks with these names (names not found are absent). */
+  async taskIdsByName(names: string[]): Promise<Map<string, number>> {
+    const r = await this.pool.query("select id, name from tasks where name = any($1::text[])", [names]);
+    return new Map(r.rows.map((x) => [x.name as string, x.id as number]));
+  }
+
   /** By numeric id or by name. */
   async getTask(ref: string | number): Promise<TaskRow | null> {
     const byId = typeof ref === "number" || /^\d+$/.test(ref);
