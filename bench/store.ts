@@ -1,0 +1,42 @@
+// Micro-benchmark: batched, epoch-fenced transition writes (the Persister's path).
+// Prints one JSON line. Run: node --import tsx bench/store.ts [--rows 100000] [--batch 1000]
+import { randomBytes } from "node:crypto";
+import { loadConfig } from "../common/index.ts";
+import { Store, type RunInsert, type TaskUpdate } from "../actors/index.ts";
+
+const arg = (k: string, d: number) => { const i = process.argv.indexOf(k); return i > 0 ? Number(process.argv[i + 1]) : d; };
+const rows = arg("--rows", 100_000);
+const batch = arg("--batch", 1000);
+const ns = `bench_store_${randomBytes(3).toString("hex")}`;
+const cfg = loadConfig(process.env, { AX_NAMESPACE: ns });
+const store = new Store({ pgUrl: cfg.pgUrl, schema: ns, poolSize: 4 });
+try {
+  await store.migrate();
+  await store.initShardCount(1);
+  await store.claimShard(0, "bench", 1, Date.now());
+  await store.upsertExecutor("e", "nats", null, Date.now());
+  // Tasks to update, inserted in bulk.
+  await store.pool.query(`insert into tasks (name, executor, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap, shard, state, record, created_ms, updated_ms)
+    select 't' || g, 'e', 30000, 1, 1000, 60000, 'once', 'forbid', 0, 'pending', '{}'::jsonb, 0, 0 from generate_series(1, $1) g`, [batch]);
+  const ids = (await store.pool.query("select id from tasks order by id")).rows.map((r) => Number(r.id));
+  const now = Date.now();
+  let written = 0; let seq = 0;
+  const t0 = performance.now();
+  while (written < rows) {
+    const inserts: RunInsert[] = []; const updates: TaskUpdate[] = [];
+    for (const id of ids) {
+      const runId = `r${++seq}`;
+      inserts.push({ id: runId, taskId: id, taskName: `t${id}`, triggerId: null, source: "once", dueMs: now, slotMs: now, dueReason: "bench", firedMs: now,
+        node: "bench", shard: 0, epoch: 1, attempt: 1, executor: "e", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: now });
+      updates.push({ id, state: "running", record: { value: "running", context: { attempt: 1, inFlight: [runId] } }, triggerSlots: {}, nextDueMs: null, nextSlotMs: null, nextTriggerId: null, nextSource: null, nextReason: null, nextCausedBy: null });
+    }
+    const r = await store.writeBatch([{ shard: 0, epoch: 1, runInserts: inserts, runUpdates: inserts.map((x) => ({ id: x.id, state: "success" as const, finishedMs: now })), taskUpdates: updates }]);
+    if (r.stale.length) throw new Error("unexpected stale epoch");
+    written += inserts.length * 3;
+  }
+  const s = (performance.now() - t0) / 1000;
+  process.stdout.write(JSON.stringify({ bench: "store.writeBatch", rowsWritten: written, batchRows: batch * 3, seconds: +s.toFixed(2), rowsPerSec: Math.round(written / s), transitionsPerSec: Math.round(written / 3 / s) }) + "\n");
+} finally {
+  await store.dropNamespace();
+  await store.close();
+}
