@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { names, silentLogger, createLogger, type AxConfig } from "../common/index.ts";
+import { names, silentLogger, createLogger, type AxConfig, type Clock } from "../common/index.ts";
 import { AxNode } from "../ops/node.ts";
 import { AxClient } from "../ops/client.ts";
 import { dropStreams, Executor, type RunHandler } from "../protocol/index.ts";
@@ -31,9 +31,10 @@ export class TestCluster {
     this.config = testConfig(this.ns, this.env);
   }
 
-  async startNode(id = `n${this.nodes.length + 1}`, opts: { httpPort?: number | null } = {}): Promise<AxNode> {
+  async startNode(id = `n${this.nodes.length + 1}`, opts: { httpPort?: number | null; clock?: Clock } = {}): Promise<AxNode> {
     const level = this.config.logLevel;
-    const node = new AxNode({ config: this.config, nodeId: id, httpPort: opts.httpPort ?? null, logger: level === "silent" ? silentLogger : createLogger({ level }) });
+    const node = new AxNode({ config: this.config, nodeId: id, httpPort: opts.httpPort ?? null, logger: level === "silent" ? silentLogger : createLogger({ level }),
+      ...(opts.clock ? { clock: opts.clock } : {}) });
     await node.start();
     this.nodes.push(node);
     return node;

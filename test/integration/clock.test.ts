@@ -1,0 +1,68 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { SystemClock, type Clock } from "../../common/index.ts";
+import type { AxClient } from "../../ops/client.ts";
+import type { RunContext } from "../../protocol/index.ts";
+import { TestCluster } from "../cluster.ts";
+import { sleep, waitFor } from "../helpers.ts";
+
+/** The system clock with a wall-clock offset a test can step, as NTP would; monotonic time is untouched. */
+class SteppableClock extends SystemClock implements Clock {
+  offset = 0;
+  override now(): number { return super.now() + this.offset; }
+}
+
+interface Run { id: string; source: string; state: string; dueAt: string; error: string | null }
+
+const tc = new TestCluster("clock");
+const clock = new SteppableClock();
+let client: AxClient;
+const starts: Array<{ task: string; runId: string; at: number; scheduledAt: number }> = [];
+const hold = new Map<string, number>();
+
+beforeAll(async () => {
+  await tc.startNode("c1", { clock });
+  await tc.waitForShards();
+  const ex = await tc.startExecutor("w", async (ctx: RunContext) => {
+    starts.push({ task: ctx.taskName, runId: ctx.runId, at: clock.now(), scheduledAt: ctx.scheduledAt });
+    await sleep(hold.get(ctx.taskName) ?? 10);
+  });
+  await ex.registered;
+  client = await tc.client();
+});
+afterAll(() => tc.teardown());
+
+const runsOf = (task: string) => client.call<Run[]>("runs", { task, limit: 200 });
+
+describe("time", () => {
+  it("a wall clock stepping back never re-fires a slot and never fires before due; stepping forward fires what became due once", async () => {
+    await client.call("task.create", { name: "steady", executor: "w", every: "500ms" });
+    await waitFor(() => starts.filter((s) => s.task === "steady").length >= 3, 5000, "steady firing");
+    clock.offset -= 2000; // NTP steps the wall clock back 2 s
+    await sleep(3500);
+    clock.offset += 6000; // … and forward 6 s (4 s ahead of real time)
+    await sleep(2500);
+    await client.call("task.pause", { task: "steady" });
+    const runs = await runsOf("steady");
+    const fired = runs.filter((r) => r.state !== "skipped");
+    const slots = fired.map((r) => r.dueAt);
+    expect(new Set(slots).size, JSON.stringify(slots)).toBe(slots.length); // no slot twice
+    for (const s of starts.filter((x) => x.task === "steady")) expect(s.at).toBeGreaterThanOrEqual(s.scheduledAt); // never early
+    // The forward step made ~8 slots due at once: one catch-up, then the cadence resumed.
+    expect(fired.filter((r) => r.source === "misfire")).toHaveLength(1);
+  });
+
+  it("a slow run never shifts the cadence: slots due meanwhile are skipped with the reason, one catch-up fires at once", async () => {
+    hold.set("slow", 1300);
+    await client.call("task.create", { name: "slow", executor: "w", every: "500ms" });
+    await waitFor(async () => (await runsOf("slow")).filter((r) => r.source === "misfire" && r.state === "success").length >= 2, 15_000, "two catch-ups");
+    await client.call("task.pause", { task: "slow" });
+    const runs = (await runsOf("slow")).reverse();
+    const skipped = runs.filter((r) => r.state === "skipped");
+    expect(skipped.length).toBeGreaterThanOrEqual(2);
+    for (const r of skipped) expect(r.error).toMatch(/previous run .* still in flight \(overlap=forbid\)/);
+    const created = Date.parse(runs[0]!.dueAt) - 500;
+    for (const r of runs.filter((x) => x.source === "rate")) expect((Date.parse(r.dueAt) - created) % 500).toBe(0); // still on the grid
+    const starts2 = starts.filter((s) => s.task === "slow");
+    for (let i = 1; i < starts2.length; i++) expect(starts2[i]!.at - starts2[i - 1]!.at).toBeGreaterThanOrEqual(1250); // one at a time
+  });
+});
