@@ -185,6 +185,17 @@ export class ShardSupervisor {
     this.o.log.info({ shard, epoch: h.epoch, to }, "shard:handed-over");
   }
 
+  /**
+   * A shard actor stopped on its own (stale epoch, or a round that could not be written):
+   * forget it and give the lease up, so the next reconcile acquires it afresh under a new
+   * epoch and reloads it from PostgreSQL.
+   */
+  async dropShard(shard: number): Promise<void> {
+    if (!this.owned.delete(shard)) return;
+    await this.leases.release(shard);
+    this.kick();
+  }
+
   /** Moves per the non-sticky ideal assignment (what `ax shards rebalance` applies). */
   async rebalancePlan(): Promise<Array<{ shard: number; from: string | null; to: string; why: string }>> {
     const { target, owners } = await this.desired({ sticky: false });

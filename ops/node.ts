@@ -130,7 +130,7 @@ export class AxNode {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize,
       leaseValid: () => this.supervisor.leaseValid(shard),
-      onFenced: () => { this.actors.delete(shard); this.supervisor.kick(); },
+      onFenced: () => { this.actors.delete(shard); void this.supervisor.dropShard(shard); },
       events: {
         "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.push(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),

@@ -62,16 +62,24 @@ export async function ensureExecutorConsumer(jsm: JetStreamManager, n: Names, ex
 export const shardEventsConsumer = (shard: number) => `shard_${shard}_events`;
 export const shardTriggerConsumer = (shard: number) => `shard_${shard}_trigger`;
 export const DEPENDENCY_CONSUMER = "dependency_actor";
+/**
+ * Outcomes and dependency triggers are handled in milliseconds and idempotently (edge
+ * bookkeeping, run ids derived from the trigger key): a short ack wait lets a message pulled
+ * by a node that died reach another node within seconds instead of half a minute.
+ */
+export const DEPENDENCY_ACK_WAIT_MS = 5_000;
 
 /** Per-shard durables: they move with the shard, so a new owner resumes where the old one acked. */
 export async function ensureShardConsumers(jsm: JetStreamManager, n: Names, shardCount: number): Promise<void> {
   const jobs: Array<Promise<void>> = [];
   for (let s = 0; s < shardCount; s++) {
-    jobs.push(ensureConsumer(jsm, n.eventsStream, shardEventsConsumer(s), n.eventsSubject(s), 30_000, 20_000));
-    jobs.push(ensureConsumer(jsm, n.eventsStream, shardTriggerConsumer(s), n.triggerSubject(s), 30_000, 5_000));
+    // Events are applied in one round (milliseconds): a short ack wait gets a batch pulled by a
+    // node that froze or died to the next owner quickly.
+    jobs.push(ensureConsumer(jsm, n.eventsStream, shardEventsConsumer(s), n.eventsSubject(s), 10_000, 20_000));
+    jobs.push(ensureConsumer(jsm, n.eventsStream, shardTriggerConsumer(s), n.triggerSubject(s), DEPENDENCY_ACK_WAIT_MS, 5_000));
     if (jobs.length >= 32) await Promise.all(jobs.splice(0));
   }
-  jobs.push(ensureConsumer(jsm, n.eventsStream, DEPENDENCY_CONSUMER, n.outcomeWildcard, 30_000, 5_000));
+  jobs.push(ensureConsumer(jsm, n.eventsStream, DEPENDENCY_CONSUMER, n.outcomeWildcard, DEPENDENCY_ACK_WAIT_MS, 5_000));
   await Promise.all(jobs);
 }
 

@@ -139,6 +139,8 @@ export class ShardActor {
     await this.d.due.rebuild(this.shard, dueRows);
     const running = await this.d.store.runningRuns(this.shard);
     const now = this.d.clock.now();
+    const owners = await this.d.store.fetchTasks(this.shard, [...new Set(running.map((r) => r.taskId))]);
+    for (const row of owners) this.live.set(row.id, { row, skippedWhileRunning: 0 });
     for (const r of running) this.adoptRunning(r, now);
     this.state = "active";
     this.wheel.start();
@@ -148,12 +150,16 @@ export class ShardActor {
     this.log.info({ tasksDue: dueRows.length, running: running.length, ms: Math.round(this.d.clock.monotonic() - t0) }, "shard:acquired");
   }
 
-  /** A run found `running` at load: track its timeout from its fire time (its heartbeats are not known). */
+  /**
+   * A run found `running` at load (the previous owner died or handed over): tracked again,
+   * its timeout counted from the later of its fire time and now minus nothing — heartbeats
+   * sent to the old owner are not known, so the deadline is fire time + timeout, at least now.
+   */
   private adoptRunning(r: RunRow, now: number): void {
     this.d.limiter.force(r.executor);
-    const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs: 30_000, ref: null };
+    const timeoutMs = this.live.get(r.taskId)?.row.timeoutMs ?? 30_000;
+    const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null };
     this.inFlight.set(r.id, run);
-    // The timeout is re-read from the task when it fires; until then assume the default.
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
     run.ref = this.wheel.add(deadline, { k: 1, runId: r.id });
   }
@@ -166,7 +172,7 @@ export class ShardActor {
     this.consumers.push(evMsgs, trMsgs);
     this.consumerLoops.push((async () => {
       for await (const m of evMsgs) {
-        if (this.state !== "active") continue; // not acked: redelivered to the next owner
+        if (this.state !== "active") { m.nak(); continue; } // handed back at once for the next owner
         const dec = decode(EventBatchSchema, m.data);
         if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed event batch refused"); m.term(); continue; }
         if (dec.value.shard !== this.shard) { this.log.warn({ got: dec.value.shard }, "event batch for another shard refused"); m.term(); continue; }
@@ -175,7 +181,7 @@ export class ShardActor {
     })().catch((e) => this.log.warn({ err: String(e) }, "event consumer ended")));
     this.consumerLoops.push((async () => {
       for await (const m of trMsgs) {
-        if (this.state !== "active") continue;
+        if (this.state !== "active") { m.nak(); continue; }
         const dec = decode(DependencyTriggerSchema, m.data);
         if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed dependency trigger refused"); m.term(); continue; }
         this.tell({ t: "trigger", trig: dec.value, msg: m });
@@ -212,12 +218,17 @@ export class ShardActor {
         try {
           await this.round(batch);
         } catch (e) {
-          this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; its mail will be redelivered");
+          // The round's decisions are in memory but not durable: the only consistent state is
+          // PostgreSQL's. Stop without writing and let the supervisor load the shard afresh
+          // (fires that were not recorded are still due there; events come back unacked).
+          this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; shard restarts from PostgreSQL");
           for (const m of batch) {
             if (m.t === "events" || m.t === "trigger") m.msg.nak(1000);
-            if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_INTERNAL", String(e)).toJSON() });
+            if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
-          await new Promise((r) => setTimeout(r, 200));
+          this.fence();
+          this.d.onFenced(this.shard);
+          return;
         }
       }
     } finally {
@@ -243,6 +254,7 @@ export class ShardActor {
       if (m.t === "due") for (const it of m.items) if (it.item.k === 0) need.add(it.item.id);
       if (m.t === "cmd") need.add(m.cmd.taskId);
       if (m.t === "trigger") need.add(m.trig.taskId);
+      if (m.t === "events") for (const ev of m.events) { const r = this.inFlight.get(ev.runId); if (r) need.add(r.taskId); }
     }
     const missing = [...need].filter((id) => !this.live.has(id));
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
@@ -363,10 +375,10 @@ export class ShardActor {
         lt.lastSkipped = { triggerId: p.triggerId, slotMs: p.slotMs };
         round.write.runInserts.push({ ...base, attempt: 0, state: "skipped", finishedMs: now, error: `not fired: previous run ${res.runningRunId} still in flight (overlap=forbid)` });
         this.advanceAfterFire(round, lt, p, now);
-      } else {
+      } else if (source !== "dependency") {
         this.log.warn({ taskId: row.id, reason: res.reason }, "fire refused by the machine");
         this.setPointer(round, lt, null);
-      }
+      } // dependency: the trigger is nak'ed and comes back; the task's own schedule stays as it is
       return;
     }
     if (!this.d.limiter.tryAcquire(row.executor)) {
@@ -585,7 +597,7 @@ export class ShardActor {
       }
     }
     if (round.outcomes.length) {
-      jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
+      jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.taskId}:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
         .catch((e) => this.log.error({ err: String(e) }, "outcome publish failed")));
     }
     const removeSet = new Set(round.redisRemove);
