@@ -6,8 +6,8 @@ export type RunState = "running" | "success" | "failed" | "timed_out" | "refused
 
 export interface TriggerRow { id: number; kind: "cron" | "fixed_rate" | "fixed_delay" | "once"; spec: unknown; enabled: boolean }
 
-export interface TaskRow {
-  id: number;
+/** What a task is (its definition), shared by new and stored tasks. */
+export interface TaskDefinition {
   name: string;
   executor: string;
   payload: unknown;
@@ -17,43 +17,31 @@ export interface TaskRow {
   backoffMaxMs: number;
   misfire: MisfirePolicy;
   overlap: OverlapPolicy;
-  shard: number;
   state: string;
   record: unknown;
-  triggerSlots: Record<string, number>;
+  upstreams: number[];
   nextDueMs: number | null;
   nextSlotMs: number | null;
-  nextTriggerId: number | null;
   nextSource: RunSource | null;
   nextReason: string | null;
+}
+
+export interface TaskRow extends TaskDefinition {
+  id: number;
+  shard: number;
+  triggerSlots: Record<string, number>;
+  nextTriggerId: number | null;
   nextCausedBy: string | null;
   createdMs: number;
   updatedMs: number;
   triggers: TriggerRow[];
-  upstreams: number[];
   hasDownstreams: boolean;
 }
 
-export interface NewTask {
-  name: string;
-  executor: string;
-  payload: unknown;
-  timeoutMs: number;
-  maxAttempts: number;
-  backoffMs: number;
-  backoffMaxMs: number;
-  misfire: MisfirePolicy;
-  overlap: OverlapPolicy;
+export interface NewTask extends TaskDefinition {
   /** task → shard by a stable hash of the id the database assigns. */
   shardOf: (id: number) => number;
-  state: string;
-  record: unknown;
   triggers: Array<{ kind: TriggerRow["kind"]; spec: unknown }>;
-  upstreams: number[];
-  nextDueMs: number | null;
-  nextSlotMs: number | null;
-  nextSource: RunSource | null;
-  nextReason: string | null;
   nowMs: number;
 }
 
