@@ -186,7 +186,7 @@ describe("HashedWheel: cancel", () => {
   it("onExpire may add and cancel", () => {
     const sim = new SimulatedClock();
     const seen: string[] = [];
-    let laterRef: WheelRef | undefined;
+    const laterRef: WheelRef | undefined;
     const wheel: HashedWheel<string> = new HashedWheel<string>({
       tickMs: 10,
       size: 8,
