@@ -186,7 +186,9 @@ describe("HashedWheel: cancel", () => {
   it("onExpire may add and cancel", () => {
     const sim = new SimulatedClock();
     const seen: string[] = [];
-    const laterRef: WheelRef | undefined;
+    // Assigned after the wheel exists (its callback refers to it).
+    // eslint-disable-next-line prefer-const
+    let laterRef: WheelRef | undefined;
     const wheel: HashedWheel<string> = new HashedWheel<string>({
       tickMs: 10,
       size: 8,
