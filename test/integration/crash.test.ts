@@ -103,4 +103,19 @@ describe("crashes", () => {
     }
     expect(refused).toBeGreaterThanOrEqual(15);
   });
+
+  it("SIGTERM stops a node gracefully: it exits 0 and hands its leases back at once", async () => {
+    tc = new TestCluster("term", { AX_LEASE_TTL: "8s" });
+    const p = tc.spawn(["node", "--id", "g1"]);
+    const client = await tc.client();
+    await waitFor(async () => { try { return (await client.call<{ nodes: Array<{ shards: number[] }> }>("status")).nodes[0]!.shards.length === tc.config.shardCount; } catch { return false; } }, 20_000, "g1 owns all shards");
+    const exited = new Promise<number | null>((r) => p.once("exit", (code) => r(code)));
+    p.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    const t0 = Date.now();
+    const n2 = await tc.startNode("g2");
+    await tc.waitForShards([n2], undefined, 10_000);
+    expect(Date.now() - t0).toBeLessThan(5000); // well under the 8 s lease TTL: released, not expired
+  });
 });
+
