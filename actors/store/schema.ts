@@ -117,6 +117,16 @@ create table shards (
 );
 `,
   },
+  {
+    version: 2,
+    name: "dependency edge bookkeeping",
+    // DependencyActor: the last upstream outcome applied to the edge (a redelivered or older
+    // outcome is recognised and skipped), and the due trigger published for the downstream and
+    // not yet turned into a run (at most one is outstanding, later successes coalesce).
+    sql: `
+alter table dependencies add column seen_run text, add column seen_ms bigint, add column trigger_key text, add column trigger_ms bigint;
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

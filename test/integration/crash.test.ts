@@ -105,16 +105,17 @@ describe("crashes", () => {
   });
 
   it("SIGTERM stops a node gracefully: it exits 0 and hands its leases back at once", async () => {
-    tc = new TestCluster("term", { AX_LEASE_TTL: "8s" });
-    const p = tc.spawn(["node", "--id", "g1"]);
-    const client = await tc.client();
-    await waitFor(async () => { try { return (await client.call<{ nodes: Array<{ shards: number[] }> }>("status")).nodes[0]!.shards.length === tc.config.shardCount; } catch { return false; } }, 20_000, "g1 owns all shards");
+    const term = new TestCluster("term", { AX_LEASE_TTL: "8s" });
+    tc = term;
+    const p = term.spawn(["node", "--id", "g1"]);
+    const client = await term.client();
+    await waitFor(async () => { try { return (await client.call<{ nodes: Array<{ shards: number[] }> }>("status")).nodes[0]!.shards.length === term.config.shardCount; } catch { return false; } }, 20_000, "g1 owns all shards");
     const exited = new Promise<number | null>((r) => p.once("exit", (code) => r(code)));
     p.kill("SIGTERM");
     expect(await exited).toBe(0);
     const t0 = Date.now();
-    const n2 = await tc.startNode("g2");
-    await tc.waitForShards([n2], undefined, 10_000);
+    const n2 = await term.startNode("g2");
+    await term.waitForShards([n2], undefined, 10_000);
     expect(Date.now() - t0).toBeLessThan(5000); // well under the 8 s lease TTL: released, not expired
   });
 });
