@@ -1,4 +1,4 @@
 export { assignShards, planMoves, HashRing, hash32, type AssignmentInput } from "./ring.ts";
-export { LeaseTable, type HeldLease } from "./leases.ts";
+export { LeaseTable, LeaseView, type HeldLease } from "./leases.ts";
 export { Membership, HeartbeatSchema, type Heartbeat, type Member } from "./membership.ts";
-export { ShardSupervisor, type ShardHandle, type SupervisorOptions } from "./supervisor.ts";
+export { ShardSupervisor, type ShardHandle, type SupervisorOptions, type PlannedMove } from "./supervisor.ts";

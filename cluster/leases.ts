@@ -1,4 +1,5 @@
-import type { KV } from "@nats-io/kv";
+import type { KV, KvEntry } from "@nats-io/kv";
+import { JetStreamApiError } from "@nats-io/jetstream";
 import type { Clock, Logger } from "../common/index.ts";
 
 /**
@@ -11,16 +12,22 @@ import type { Clock, Logger } from "../common/index.ts";
  *   renewed update(key, value, lastRevision) every ttl/3; a stale revision (someone else's
  *           key, or the key expired) fails → lost
  *   lost    renewal failed, or more than ttl − margin passed on the MONOTONIC clock since the
- *           last successful renewal (a long GC/VM pause): the shard is stopped before
+ *           last renewal was *sent* (a long GC/VM pause, SIGSTOP): the shard is stopped before
  *           anything else is done, then the lease may be acquired again under a new epoch
  *   released delete(key) with the last revision on a planned hand-over
  * The epoch never changes on renewal: it is the fencing token written to PostgreSQL when the
  * lease is acquired, and every shard write is conditional on it.
+ *
+ * Operations on one lease are serialised (a renewal in flight and a release never race on
+ * the revision: a release that lost that race would fail and leave the target waiting for the
+ * whole TTL).
  */
 export interface HeldLease { shard: number; epoch: number; revision: number; renewedMono: number }
 
+interface Slot extends HeldLease { op: Promise<unknown>; releasing: boolean }
+
 export class LeaseTable {
-  private held = new Map<number, HeldLease>();
+  private held = new Map<number, Slot>();
   constructor(
     private readonly kv: KV,
     private readonly nodeId: string,
@@ -34,17 +41,22 @@ export class LeaseTable {
   get(shard: number): HeldLease | undefined { return this.held.get(shard); }
   heldShards(): number[] { return [...this.held.keys()].sort((a, b) => a - b); }
 
+  /** How long after a renewal was sent the lease is still acted on (the rest of the TTL is the safety margin). */
+  get validForMs(): number { return this.ttlMs - Math.min(1000, this.ttlMs / 4); }
+
   /** True while the lease is held and its last renewal is recent enough to act on. */
   isValid(shard: number): boolean {
     const l = this.held.get(shard);
-    return !!l && this.clock.monotonic() - l.renewedMono < this.ttlMs - this.safetyMarginMs();
+    return !!l && !l.releasing && this.clock.monotonic() - l.renewedMono < this.validForMs;
   }
-  private safetyMarginMs(): number { return Math.min(1000, this.ttlMs / 4); }
 
   async acquire(shard: number): Promise<HeldLease | null> {
+    if (this.held.has(shard)) return null;
+    // The server stamps the key between send and reply: counting from the send is the safe side.
+    const sent = this.clock.monotonic();
     try {
       const rev = await this.kv.create(LeaseTable.key(shard), this.nodeId);
-      const lease = { shard, epoch: rev, revision: rev, renewedMono: this.clock.monotonic() };
+      const lease: Slot = { shard, epoch: rev, revision: rev, renewedMono: sent, op: Promise.resolve(), releasing: false };
       this.held.set(shard, lease);
       return lease;
     } catch {
@@ -52,45 +64,143 @@ export class LeaseTable {
     }
   }
 
-  /** Renews every held lease; returns the shards whose lease is lost. */
+  /** Renews every held lease; returns the shards whose lease is lost (already forgotten here). */
   async renewAll(): Promise<number[]> {
     const lost: number[] = [];
-    await Promise.all([...this.held.values()].map(async (l) => {
-      if (!this.isValid(l.shard)) { lost.push(l.shard); return; }
+    // Checked synchronously first: after a pause, every expired lease is found lost before
+    // any other callback (a wheel tick, a buffered message) gets to run.
+    for (const l of this.held.values()) if (!l.releasing && !this.isValid(l.shard)) lost.push(l.shard);
+    for (const s of lost) this.held.delete(s);
+    await Promise.all([...this.held.values()].filter((l) => !l.releasing).map((l) => this.serial(l, async () => {
+      if (l.releasing || this.held.get(l.shard) !== l) return;
+      const sent = this.clock.monotonic();
       try {
-        l.revision = await this.kv.update(LeaseTable.key(l.shard), this.nodeId, l.revision);
-        l.renewedMono = this.clock.monotonic();
+        // A reply later than this is of no use: the lease would be too old to act on anyway.
+        l.revision = await this.kv.update(LeaseTable.key(l.shard), this.nodeId, l.revision, Math.max(250, Math.floor(this.ttlMs / 4)));
+        l.renewedMono = sent;
       } catch (e) {
+        if (this.held.get(l.shard) !== l || l.releasing) return;
+        if (!(e instanceof JetStreamApiError)) {
+          // No answer (timeout, reconnecting): the lease may still be ours; the next renewal
+          // tries again, and isValid() stops the shard if none succeeds in time.
+          this.log.warn({ shard: l.shard, epoch: l.epoch, err: String(e) }, "lease renewal got no answer; retrying");
+          return;
+        }
+        // Refused by the server (wrong last revision: the key expired or someone else holds it).
         this.log.warn({ shard: l.shard, epoch: l.epoch, err: String(e) }, "lease renewal refused");
+        this.held.delete(l.shard);
         lost.push(l.shard);
       }
-    }));
-    for (const s of lost) this.held.delete(s);
+    })));
     return lost;
   }
 
   /** Forgets a lease without touching the bucket (it was found lost). */
   forget(shard: number): void { this.held.delete(shard); }
 
+  /** Planned release: waits for a renewal in flight, then deletes the key at the last revision. */
   async release(shard: number): Promise<void> {
     const l = this.held.get(shard);
-    this.held.delete(shard);
     if (!l) return;
-    try { await this.kv.delete(LeaseTable.key(shard), { previousSeq: l.revision }); } catch (e) {
-      this.log.warn({ shard, epoch: l.epoch, err: String(e) }, "lease release failed; it will expire");
-    }
+    l.releasing = true;
+    await this.serial(l, async () => {
+      try { await this.kv.delete(LeaseTable.key(shard), { previousSeq: l.revision }); } catch (e) {
+        this.log.warn({ shard, epoch: l.epoch, err: String(e) }, "lease release failed; it will expire");
+      }
+    });
+    if (this.held.get(shard) === l) this.held.delete(shard);
   }
 
-  /** Current owner of every shard lease in the bucket (any node). */
-  async owners(): Promise<Map<number, string>> {
+  private serial<T>(l: Slot, fn: () => Promise<T>): Promise<T> {
+    const p = l.op.then(fn, fn);
+    l.op = p.catch(() => undefined);
+    return p;
+  }
+}
+
+interface ViewEntry { owner: string | null; revision: number; expiresMono: number }
+
+/**
+ * Every node's view of who holds which lease, kept from a KV watch instead of listing the
+ * bucket on every reconcile. Max-age expiry produces no notification, so each entry carries
+ * its expected expiry on the monotonic clock: receipt + TTL for a write seen as it happens;
+ * for entries seen at start-up (possibly old), receipt plus what is left of the TTL by the
+ * server's timestamp — never more than the TTL, so clock skew between machines can only make
+ * the view think a lease ends *earlier*, and acting on that is harmless (create() fails until
+ * the key is really gone). A full listing every few seconds adds anything the watch missed.
+ */
+export class LeaseView {
+  private entries = new Map<number, ViewEntry>();
+  private watcher: { stop(): void } | null = null;
+  private resyncTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private stopped = false;
+  onChange: () => void = () => undefined;
+
+  constructor(
+    private readonly kv: KV,
+    private readonly ttlMs: number,
+    private readonly clock: Clock,
+    private readonly log: Logger,
+    private readonly resyncMs = Math.max(5000, ttlMs * 2),
+  ) {}
+
+  async start(): Promise<void> {
+    const w = await this.kv.watch({ key: ">" });
+    this.watcher = w;
+    void (async () => {
+      for await (const e of w) this.apply(e, e.isUpdate);
+    })().catch((e) => { if (!this.stopped) this.log.warn({ err: String(e) }, "lease watch ended"); });
+    await this.resync();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.watcher?.stop();
+    if (this.resyncTimer) this.clock.clearTimeout(this.resyncTimer);
+  }
+
+  /**
+   * `live`: the entry was just written (a watch update), so it has the whole TTL ahead of it.
+   * Otherwise (start-up replay, listing) it may be old: what is left is estimated from the
+   * server's timestamp, which only clock skew can distort — and only towards "earlier".
+   */
+  private apply(e: KvEntry, live: boolean): void {
+    if (!/^s\d+$/.test(e.key)) return;
+    const shard = Number(e.key.slice(1));
+    const cur = this.entries.get(shard);
+    if (cur && cur.revision >= e.revision) return;
+    const left = live ? this.ttlMs : Math.min(this.ttlMs, Math.max(0, e.created.getTime() + this.ttlMs - this.clock.now()));
+    const owner = e.operation === "PUT" ? e.string() : null;
+    this.entries.set(shard, { owner, revision: e.revision, expiresMono: this.clock.monotonic() + left });
+    if (!cur || cur.owner !== owner) this.onChange();
+  }
+
+  /** Lists the bucket (the watch keeps it current in between). */
+  async resync(): Promise<void> {
+    if (this.resyncTimer) { this.clock.clearTimeout(this.resyncTimer); this.resyncTimer = null; }
+    try {
+      const keys: string[] = [];
+      for await (const k of await this.kv.keys()) keys.push(k);
+      await Promise.all(keys.map(async (k) => { const e = await this.kv.get(k); if (e) this.apply(e, false); }));
+    } catch (e) {
+      this.log.warn({ err: String(e) }, "lease listing failed; the watch view is used as is");
+    }
+    if (!this.stopped) this.resyncTimer = this.clock.setTimeout(() => { void this.resync(); }, this.resyncMs);
+  }
+
+  /** Current owner of every shard lease that has not (by the view) expired. */
+  owners(): Map<number, string> {
+    const now = this.clock.monotonic();
     const out = new Map<number, string>();
-    const keys = await this.kv.keys();
-    const all: string[] = [];
-    for await (const k of keys) all.push(k);
-    await Promise.all(all.map(async (k) => {
-      const e = await this.kv.get(k);
-      if (e && e.operation === "PUT") out.set(Number(k.slice(1)), e.string());
-    }));
+    for (const [s, e] of this.entries) if (e.owner !== null && e.expiresMono > now) out.set(s, e.owner);
     return out;
+  }
+
+  /** When the next lease whose owner passes `which` is expected to run out (monotonic), if any. */
+  nextExpiryMono(which: (owner: string) => boolean): number | null {
+    const now = this.clock.monotonic();
+    let m: number | null = null;
+    for (const e of this.entries.values()) if (e.owner !== null && e.expiresMono > now && which(e.owner) && (m === null || e.expiresMono < m)) m = e.expiresMono;
+    return m;
   }
 }

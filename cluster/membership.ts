@@ -11,6 +11,8 @@ export const HeartbeatSchema = z.object({
   shards: z.array(z.number().int()),
   load: z.object({ firedPerSec: z.number(), inFlight: z.number(), lagMs: z.number() }),
   stopping: z.boolean(),
+  /** False while the node is joining (it owns nothing yet and others hold hand-overs to it back); absent = ready. */
+  ready: z.boolean().optional(),
 });
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
 
@@ -20,7 +22,7 @@ export interface Member extends Heartbeat { lastSeenMono: number }
  * Membership over core NATS: every node publishes a heartbeat each `intervalMs`; a member
  * not heard from for `deadAfterMissed` intervals is dead. Seen-times are monotonic, so a wall
  * clock step never kills or revives anyone. A stopping node says so in its last heartbeat
- * and is dropped at once.
+ * and is dropped at once. `onChange` fires when a member appears, leaves, or becomes ready.
  */
 export class Membership {
   private members = new Map<string, Member>();
@@ -40,13 +42,13 @@ export class Membership {
         if (err) return;
         const d = decode(HeartbeatSchema, msg.data);
         if (!d.ok) { this.log.warn({ reason: d.reason }, "malformed heartbeat refused"); return; }
-        const known = this.members.has(d.value.id);
+        const prev = this.members.get(d.value.id);
         if (d.value.stopping) {
           if (this.members.delete(d.value.id)) onChange();
           return;
         }
         this.members.set(d.value.id, { ...d.value, lastSeenMono: this.clock.monotonic() });
-        if (!known) onChange();
+        if (!prev || (prev.ready !== false) !== (d.value.ready !== false)) onChange();
       },
     });
   }
@@ -60,6 +62,9 @@ export class Membership {
     for (const [id, m] of this.members) if (this.clock.monotonic() - m.lastSeenMono > limit) { this.members.delete(id); dead.push(id); }
     return dead;
   }
+
+  /** Counts everyone as just heard from (after this process was paused, nobody's silence is known). */
+  touchAll(): void { const now = this.clock.monotonic(); for (const m of this.members.values()) m.lastSeenMono = now; }
 
   live(): Member[] { return [...this.members.values()].sort((a, b) => (a.id < b.id ? -1 : 1)); }
   get(id: string): Member | undefined { return this.members.get(id); }

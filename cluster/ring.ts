@@ -7,7 +7,8 @@
  * current lease owners, operator pins) and so agrees on the result without talking.
  *
  * Phases:
- *  1. pins: a shard pinned to a live, schedulable node goes there;
+ *  1. pins: a shard pinned to a live, schedulable node goes there (operator pins, and the moves
+ *     of a rebalance in progress);
  *  2. stickiness: a node keeps the shards it already owns, best-ranked first, up to the bound;
  *  3. the rest, in shard order, go to the first node in the shard's ring order below the bound.
  * A node joining an N-node cluster therefore takes about shards/(N+1) shards, all from others'
@@ -56,16 +57,26 @@ export class HashRing {
   }
 }
 
+/** Every shard's preference order; the last result is kept (nodes reconcile often, membership rarely changes). */
+let lastPrefs: { key: string; prefs: string[][] } | null = null;
+function preferences(nodes: string[], shardCount: number, vnodes: number | undefined): string[][] {
+  const key = `${shardCount}|${vnodes ?? ""}|${nodes.join("\u0000")}`;
+  if (lastPrefs?.key === key) return lastPrefs.prefs;
+  const ring = new HashRing(nodes, vnodes);
+  const prefs: string[][] = [];
+  for (let s = 0; s < shardCount; s++) prefs.push(ring.preference(s));
+  lastPrefs = { key, prefs };
+  return prefs;
+}
+
 export function assignShards(input: AssignmentInput): Map<number, string> {
   const result = new Map<number, string>();
   const nodes = [...new Set(input.nodes)].sort();
   if (!nodes.length) return result;
-  const ring = new HashRing(nodes, input.vnodes);
   const live = new Set(nodes);
   const bound = Math.ceil(input.shardCount / nodes.length);
   const load = new Map(nodes.map((n) => [n, 0]));
-  const prefs: string[][] = [];
-  for (let s = 0; s < input.shardCount; s++) prefs.push(ring.preference(s));
+  const prefs = preferences(nodes, input.shardCount, input.vnodes);
   const give = (s: number, n: string) => { result.set(s, n); load.set(n, load.get(n)! + 1); };
 
   for (const [s, n] of input.pins ?? []) if (s < input.shardCount && live.has(n)) give(s, n);

@@ -4,7 +4,7 @@ import type { Clock, Logger, Names } from "../common/index.ts";
 import { decode, encode } from "../protocol/index.ts";
 import { z } from "zod";
 import type { Store } from "../actors/index.ts";
-import { LeaseTable } from "./leases.ts";
+import { LeaseTable, LeaseView } from "./leases.ts";
 import { Membership, type Member } from "./membership.ts";
 import { assignShards, planMoves } from "./ring.ts";
 
@@ -32,78 +32,173 @@ export interface SupervisorOptions {
   load: () => { firedPerSec: number; inFlight: number; lagMs: number };
 }
 
+/** "I released `shard`; `to` should take it now" (core NATS, best effort: the lease bucket is the truth). */
 const HandoverSchema = z.object({ v: z.literal(1), shard: z.number().int(), from: z.string(), to: z.string().nullable() });
+/** A planned set of moves (`ax shards rebalance`): every node treats them as pins until they are done or expire. */
+const PlanSchema = z.object({
+  v: z.literal(1), id: z.string(), ttlMs: z.number().int().positive().max(600_000),
+  moves: z.array(z.object({ shard: z.number().int().nonnegative(), to: z.string() })).max(100_000),
+});
+export type PlannedMove = { shard: number; from: string | null; to: string; why: string };
+
+/** How many shard actors one node starts or stops at the same time. */
+const PARALLEL = 8;
 
 /**
  * Keeps this node's shards equal to what the assignment says it should own.
  *
- * Node lifecycle: joining (listens to heartbeats for two intervals before claiming anything,
- * so nodes started together see each other and agree) → member (reconciles every heartbeat
- * and whenever membership or a hand-over changes) → draining (owns nothing new, releases
- * everything) → stopping (releases its leases, last heartbeat says so).
+ * Node lifecycle: joining (listens to heartbeats for two intervals — on an empty cluster for
+ * up to five — before claiming anything, so nodes started together see each other and
+ * agree; its heartbeats say `ready: false`, and nobody hands it a shard yet) → member
+ * (reconciles every heartbeat and whenever membership, a lease or a hand-over changes) →
+ * draining (owns nothing new, releases everything) → stopping (says so in a heartbeat first,
+ * then releases its leases with a hand-over hint each). A node that finds it was paused (the
+ * heartbeat timer fired far too late) has already lost its leases and joins again.
  *
- * Per shard: unowned → (lease create ok, epoch claimed in PostgreSQL) → owned → either
- * released on a planned move (actor stopped and flushed first, then the lease deleted and a
- * hand-over notice published so the target acquires at once) or lost (renewal failed or the
- * monotonic clock says the lease may have expired: the actor is fenced before anything else).
+ * Per shard: unowned → (lease create ok, epoch claimed in PostgreSQL, actor loaded) → owned →
+ * either released on a planned move (actor stopped and flushed first, then the lease deleted
+ * and a hand-over hint published so the target acquires at once) or lost (renewal failed or
+ * the monotonic clock says the lease may have expired: the actor is fenced before anything
+ * else, and its writes would be refused by PostgreSQL anyway).
+ *
+ * Renewal runs on its own timer, never behind a reconcile that is busy starting shards.
  */
 export class ShardSupervisor {
   private readonly leases: LeaseTable;
+  private readonly view: LeaseView;
   private readonly members: Membership;
   private readonly owned = new Map<number, ShardHandle>();
+  /** Shards being acquired or released right now. */
+  private readonly busy = new Map<number, Promise<void>>();
   private readonly hints = new Map<number, { to: string; atMono: number }>();
-  private timer: ReturnType<Clock["setTimeout"]> | null = null;
-  private sub: Subscription | null = null;
-  private startedMono = 0;
+  private readonly plans = new Map<string, { moves: Map<number, string>; untilMono: number }>();
+  private beatTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private renewTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private wakeTimer: { h: ReturnType<Clock["setTimeout"]>; at: number } | null = null;
+  private subs: Subscription[] = [];
+  private joinedFromMono = 0;
+  private joinMs = 0;
+  private lastTickMono = 0;
   private reconciling: Promise<void> | null = null;
   private again = false;
   private stopping = false;
-  private lastRenewMono = 0;
+  private closed = false;
   private drained = new Set<string>();
   private pins = new Map<number, string>();
+  private lastRefreshMono = -Infinity;
+  private refreshNeeded = true;
   readonly startedAt: number;
+  readonly stats = { acquired: 0, released: 0, lost: 0, pauses: 0 };
 
   constructor(private readonly o: SupervisorOptions) {
     this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log);
+    this.view = new LeaseView(o.kv, o.leaseTtlMs, o.clock, o.log);
     this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs);
     this.startedAt = o.clock.now();
   }
 
   get nodeId(): string { return this.o.nodeId; }
+  get leaseTtlMs(): number { return this.o.leaseTtlMs; }
   ownedShards(): number[] { return [...this.owned.keys()].sort((a, b) => a - b); }
   liveMembers(): Member[] { return this.members.live(); }
-  leaseValid(shard: number): boolean { return this.leases.isValid(shard) && !this.stopping; }
+  leaseValid(shard: number): boolean { return !this.stopping && this.leases.isValid(shard); }
+  /** Joining: not claiming yet (see the class comment). */
+  joining(): boolean { return this.o.clock.monotonic() - this.joinedFromMono < this.joinMs; }
+
+  private get hb(): string { return this.o.names.heartbeatSubject; }
 
   async start(): Promise<void> {
-    this.startedMono = this.o.clock.monotonic();
+    this.view.onChange = () => this.kick();
+    await this.view.start();
+    this.rejoin();
+    // A cold cluster (no lease held by anyone): wait longer, so nodes started together agree.
+    if (this.view.owners().size === 0) this.joinMs = Math.max(this.joinMs, Math.min(this.o.leaseTtlMs / 2, 5 * this.o.heartbeatMs));
     this.members.start(() => this.kick());
-    this.sub = this.o.nc.subscribe(`${this.o.names.heartbeatSubject}.handover`, {
-      callback: (err, msg) => {
-        if (err) return;
-        const d = decode(HandoverSchema, msg.data);
-        if (!d.ok) return;
-        if (d.value.to) this.hints.set(d.value.shard, { to: d.value.to, atMono: this.o.clock.monotonic() });
-        this.kick();
-      },
+    const sub = (subject: string, fn: (data: Uint8Array) => void) => this.subs.push(this.o.nc.subscribe(subject, { callback: (err, msg) => { if (!err) fn(msg.data); } }));
+    sub(`${this.hb}.handover`, (data) => {
+      const d = decode(HandoverSchema, data);
+      if (!d.ok) { this.o.log.warn({ reason: d.reason }, "malformed hand-over hint refused"); return; }
+      if (d.value.to) this.hints.set(d.value.shard, { to: d.value.to, atMono: this.o.clock.monotonic() });
+      this.kick();
     });
+    sub(`${this.hb}.plan`, (data) => {
+      const d = decode(PlanSchema, data);
+      if (!d.ok) { this.o.log.warn({ reason: d.reason }, "malformed shard plan refused"); return; }
+      this.plans.set(d.value.id, { moves: new Map(d.value.moves.map((m) => [m.shard, m.to])), untilMono: this.o.clock.monotonic() + d.value.ttlMs });
+      this.kick();
+    });
+    // `ax shards move/unpin`, `ax node drain`: operator state changed in PostgreSQL.
+    sub(`${this.hb}.kick`, () => { this.refreshNeeded = true; this.kick(); });
+    this.lastTickMono = this.o.clock.monotonic();
     this.beat();
     this.loop();
+    this.renewLoop();
+  }
+
+  private rejoin(): void {
+    this.joinedFromMono = this.o.clock.monotonic();
+    this.joinMs = 2 * this.o.heartbeatMs;
   }
 
   private beat(): void {
     this.members.publish({
       v: 1, id: this.o.nodeId, http: this.o.httpAddress, startedAt: this.startedAt, shards: this.ownedShards(),
-      load: this.o.load(), stopping: this.stopping,
+      load: this.o.load(), stopping: this.stopping, ready: !this.stopping && !this.joining(),
     });
   }
 
   private loop(): void {
-    this.timer = this.o.clock.setTimeout(() => {
+    this.beatTimer = this.o.clock.setTimeout(() => {
       if (this.stopping) return;
+      const now = this.o.clock.monotonic();
+      const gap = now - this.lastTickMono;
+      this.lastTickMono = now;
+      if (gap > Math.max(4 * this.o.heartbeatMs, this.leases.validForMs)) {
+        // This process was paused (SIGSTOP, VM freeze, a huge GC): nothing it remembers about
+        // others is current. Leases are checked (and found lost) by the renewal; here the
+        // node waits as if joining, so its view of members and leases catches up first.
+        this.stats.pauses++;
+        this.o.log.warn({ pausedMs: Math.round(gap) }, "node was paused: rejoining");
+        this.members.touchAll();
+        this.rejoin();
+        void this.renew();
+      }
       this.beat();
       this.kick();
       this.loop();
     }, this.o.heartbeatMs);
+  }
+
+  /** Renews every TTL/3, also while stopping (until the leases are handed back). */
+  private renewLoop(): void {
+    this.renewTimer = this.o.clock.setTimeout(() => {
+      if (this.closed) return;
+      void this.renew().finally(() => { if (!this.closed) this.renewLoop(); });
+    }, Math.max(50, Math.floor(this.o.leaseTtlMs / 3)));
+  }
+
+  private renewing: Promise<void> | null = null;
+  private renew(): Promise<void> {
+    this.renewing ??= (async () => {
+      try {
+        const lost = await this.leases.renewAll();
+        for (const s of lost) this.lose(s, "renewal refused or lease too old");
+        if (lost.length) this.kick();
+      } catch (e) {
+        this.o.log.error({ err: String(e) }, "lease renewal failed");
+      } finally { this.renewing = null; }
+    })();
+    return this.renewing;
+  }
+
+  private lose(shard: number, why: string): void {
+    const h = this.owned.get(shard);
+    this.owned.delete(shard);
+    this.leases.forget(shard);
+    if (!h) return;
+    h.fence();
+    this.stats.lost++;
+    this.o.log.warn({ shard, epoch: h.epoch, why }, "lease:lost");
   }
 
   /** Runs a reconcile now (or right after the running one). */
@@ -114,115 +209,194 @@ export class ShardSupervisor {
       .finally(() => { this.reconciling = null; if (this.again) { this.again = false; this.kick(); } });
   }
 
+  /** Operator pins, then the planned moves of a rebalance still in progress. */
+  private effectivePins(live: Set<string>): Map<number, string> {
+    const pins = new Map(this.pins);
+    const now = this.o.clock.monotonic();
+    for (const [id, p] of this.plans) {
+      if (p.untilMono < now) { this.plans.delete(id); continue; }
+      for (const [s, to] of p.moves) if (!pins.has(s) && live.has(to)) pins.set(s, to);
+    }
+    return pins;
+  }
+
   /** The assignment every node computes from the same view. */
-  async desired(opts: { sticky: boolean } = { sticky: true }): Promise<{ target: Map<number, string>; owners: Map<number, string>; nodes: string[] }> {
+  desired(opts: { sticky: boolean } = { sticky: true }): { target: Map<number, string>; owners: Map<number, string>; nodes: string[]; live: Set<string> } {
     const live = new Set(this.members.live().map((m) => m.id));
-    if (!this.stopping) live.add(this.o.nodeId);
+    if (this.stopping) live.delete(this.o.nodeId); else live.add(this.o.nodeId);
     const nodes = [...live].filter((n) => !this.drained.has(n));
-    const owners = await this.leases.owners();
+    const owners = this.view.owners();
+    for (const s of this.leases.heldShards()) owners.set(s, this.o.nodeId);
     const sticky = new Map<number, string>();
     if (opts.sticky) {
       for (const [s, n] of owners) if (live.has(n)) sticky.set(s, n);
-      const fresh = this.o.clock.monotonic() - 3 * this.o.heartbeatMs;
+      const fresh = this.o.clock.monotonic() - Math.max(3 * this.o.heartbeatMs, this.o.leaseTtlMs);
       for (const [s, h] of this.hints) {
         if (h.atMono < fresh) { this.hints.delete(s); continue; }
         if (!owners.has(s) && live.has(h.to)) sticky.set(s, h.to);
       }
     }
-    return { target: assignShards({ shardCount: this.o.shardCount, nodes, owners: sticky, pins: this.pins }), owners, nodes };
+    const pins = opts.sticky ? this.effectivePins(new Set(nodes)) : this.pins;
+    return { target: assignShards({ shardCount: this.o.shardCount, nodes, owners: sticky, pins }), owners, nodes, live };
   }
 
   private async reconcile(): Promise<void> {
-    const now = this.o.clock.monotonic();
-    // Renew first: a lease that may have expired stops its shard before anything else runs.
-    if (now - this.lastRenewMono >= this.o.leaseTtlMs / 3 || [...this.owned.keys()].some((s) => !this.leases.isValid(s))) {
-      const lost = await this.leases.renewAll();
-      this.lastRenewMono = this.o.clock.monotonic();
-      for (const s of lost) {
-        const h = this.owned.get(s);
-        this.owned.delete(s);
-        h?.fence();
-        this.o.log.warn({ shard: s, epoch: h?.epoch }, "lease:lost");
-      }
-    }
+    if (this.stopping) return;
     this.members.sweep();
     await this.refreshOperatorState();
-    if (now - this.startedMono < 2 * this.o.heartbeatMs) return; // joining: learn who else is here first
-    const { target, owners } = await this.desired();
+    // Safety net: an actor whose lease is not (or no longer) the one it was started under.
+    for (const [s, h] of [...this.owned]) if (this.leases.get(s)?.epoch !== h.epoch || !this.leases.isValid(s)) this.lose(s, "lease not held");
+    if (this.joining() || this.stopping) return;
+    const { target, owners, nodes, live } = this.desired();
+    if (!nodes.length) return; // everyone drained: keep what is owned rather than stop everything
+    this.finishPlans(owners);
+    const notReady = new Set(this.members.live().filter((m) => m.ready === false).map((m) => m.id));
     for (const [s, h] of [...this.owned]) {
-      if (target.get(s) !== this.o.nodeId) await this.release(s, h, target.get(s) ?? null);
+      const to = target.get(s);
+      if (to === undefined || to === this.o.nodeId || this.busy.has(s)) continue;
+      if (notReady.has(to)) continue; // hand it over once the target is ready to take it at once
+      this.track(s, () => this.release(s, h, to));
     }
-    const toAcquire = [...target].filter(([s, n]) => n === this.o.nodeId && !this.owned.has(s) && !owners.has(s)).map(([s]) => s);
-    await Promise.all(toAcquire.map((s) => this.acquire(s)));
+    const now = this.o.clock.monotonic();
+    for (const [s, n] of target) {
+      if (n !== this.o.nodeId || this.owned.has(s) || this.busy.has(s)) continue;
+      const hinted = this.hints.get(s)?.to === this.o.nodeId;
+      if (owners.has(s) && !(hinted && owners.get(s) !== this.o.nodeId)) continue; // someone else's until it is released or expires
+      this.track(s, () => this.acquire(s));
+    }
+    // Wake up when the next lease of a node that is gone runs out, not a heartbeat later.
+    const next = this.view.nextExpiryMono((owner) => owner !== this.o.nodeId && !live.has(owner));
+    if (next !== null && (!this.wakeTimer || this.wakeTimer.at > next)) {
+      if (this.wakeTimer) this.o.clock.clearTimeout(this.wakeTimer.h);
+      const at = next + 5;
+      this.wakeTimer = { at, h: this.o.clock.setTimeout(() => { this.wakeTimer = null; this.kick(); }, Math.max(0, at - now)) };
+    }
+  }
+
+  /** Runs a per-shard operation without holding up the reconcile; at most PARALLEL run at once. */
+  private track(shard: number, fn: () => Promise<void>): void {
+    const p = this.slot().then(async (done) => { try { await fn(); } finally { done(); } })
+      .catch((e) => this.o.log.error({ shard, err: String(e) }, "shard operation failed"))
+      .finally(() => { if (this.busy.get(shard) === p) this.busy.delete(shard); this.kick(); });
+    this.busy.set(shard, p);
+  }
+
+  private running = 0;
+  private waiting: Array<() => void> = [];
+  private slot(): Promise<() => void> {
+    const done = () => { this.running--; this.waiting.shift()?.(); };
+    if (this.running < PARALLEL) { this.running++; return Promise.resolve(done); }
+    return new Promise((resolve) => this.waiting.push(() => { this.running++; resolve(done); }));
+  }
+
+  private finishPlans(owners: Map<number, string>): void {
+    for (const [id, p] of this.plans) if ([...p.moves].every(([s, to]) => owners.get(s) === to)) this.plans.delete(id);
   }
 
   private async refreshOperatorState(): Promise<void> {
-    const rows = await this.o.store.listShards();
-    this.pins = new Map(rows.filter((r) => r.pinnedTo).map((r) => [r.shard, r.pinnedTo!]));
-    const r = await this.o.store.pool.query("select value from meta where key = 'drained'");
-    this.drained = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
-  }
-
-  private async acquire(shard: number): Promise<void> {
-    const lease = await this.leases.acquire(shard);
-    if (!lease) return;
+    const now = this.o.clock.monotonic();
+    if (!this.refreshNeeded && now - this.lastRefreshMono < this.o.heartbeatMs) return;
+    this.refreshNeeded = false;
+    this.lastRefreshMono = now;
     try {
-      const claimed = await this.o.store.claimShard(shard, this.o.nodeId, lease.epoch, this.o.clock.now());
-      if (!claimed) throw new Error(`epoch ${lease.epoch} not newer than the recorded one`);
-      const handle = await this.o.startShard(shard, lease.epoch);
-      this.owned.set(shard, handle);
+      const rows = await this.o.store.listShards();
+      this.pins = new Map(rows.filter((r) => r.pinnedTo).map((r) => [r.shard, r.pinnedTo!]));
+      const r = await this.o.store.pool.query("select value from meta where key = 'drained'");
+      this.drained = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
     } catch (e) {
-      this.o.log.error({ shard, epoch: lease.epoch, err: String(e) }, "could not start acquired shard; releasing");
-      await this.leases.release(shard);
+      this.o.log.warn({ err: String(e) }, "could not read pins and drains; using the last known");
     }
   }
 
+  private async acquire(shard: number): Promise<void> {
+    if (this.stopping) return;
+    const lease = await this.leases.acquire(shard);
+    if (!lease) return;
+    let handle: ShardHandle | null = null;
+    try {
+      const claimed = await this.o.store.claimShard(shard, this.o.nodeId, lease.epoch, this.o.clock.now());
+      if (!claimed) throw new Error(`epoch ${lease.epoch} not newer than the one recorded in PostgreSQL (was the lease bucket recreated?)`);
+      handle = await this.o.startShard(shard, lease.epoch);
+    } catch (e) {
+      this.o.log.error({ shard, epoch: lease.epoch, err: String(e) }, "could not start acquired shard; releasing");
+      await this.leases.release(shard);
+      return;
+    }
+    if (this.stopping || this.leases.get(shard)?.epoch !== lease.epoch || !this.leases.isValid(shard)) {
+      // Lost (or stopping) while loading: the actor must not run.
+      handle.fence();
+      if (this.leases.get(shard)?.epoch === lease.epoch) await this.leases.release(shard);
+      return;
+    }
+    this.owned.set(shard, handle);
+    this.hints.delete(shard);
+    this.stats.acquired++;
+    this.o.log.info({ shard, epoch: lease.epoch }, "shard:owned");
+  }
+
   private async release(shard: number, h: ShardHandle, to: string | null): Promise<void> {
+    if (this.owned.get(shard) !== h) return;
     this.owned.delete(shard);
-    await h.stop();
+    await h.stop(); // no new fires; the round in progress is written; due times go back to Redis
     await this.leases.release(shard);
-    this.o.nc.publish(`${this.o.names.heartbeatSubject}.handover`, encode({ v: 1, shard, from: this.o.nodeId, to }));
+    this.o.nc.publish(`${this.hb}.handover`, encode({ v: 1, shard, from: this.o.nodeId, to }));
+    this.stats.released++;
     this.o.log.info({ shard, epoch: h.epoch, to }, "shard:handed-over");
   }
 
   /**
    * A shard actor stopped on its own (stale epoch, or a round that could not be written):
    * forget it and give the lease up, so the next reconcile acquires it afresh under a new
-   * epoch and reloads it from PostgreSQL.
+   * epoch and reloads it from PostgreSQL. `epoch` guards against a late call from an actor
+   * that was already replaced.
    */
-  async dropShard(shard: number): Promise<void> {
-    if (!this.owned.delete(shard)) return;
-    await this.leases.release(shard);
+  async dropShard(shard: number, epoch?: number): Promise<void> {
+    const h = this.owned.get(shard);
+    if (!h || (epoch !== undefined && h.epoch !== epoch)) return;
+    this.owned.delete(shard);
+    h.fence();
+    if (this.leases.get(shard)?.epoch === h.epoch) await this.leases.release(shard);
     this.kick();
   }
 
   /** Moves per the non-sticky ideal assignment (what `ax shards rebalance` applies). */
-  async rebalancePlan(): Promise<Array<{ shard: number; from: string | null; to: string; why: string }>> {
-    const { target, owners } = await this.desired({ sticky: false });
+  rebalancePlan(): PlannedMove[] {
+    const { target, owners } = this.desired({ sticky: false });
     return planMoves(owners, target).map((m) => ({ ...m, why: this.pins.get(m.shard) === m.to ? "pinned by an operator" : m.from ? "ring order with load bound prefers the target" : "unowned" }));
   }
 
-  /** Asks the owner of `shard` to hand it to `to` (any node may call; the owner acts). */
-  requestHandover(shard: number, to: string): void {
-    this.o.nc.publish(`${this.o.names.heartbeatSubject}.handover.request`, encode({ v: 1, shard, from: "", to }));
+  /**
+   * Publishes planned moves to every node: each treats them as pins until all are done (or
+   * `ttlMs` passes), so the owners hand the shards over and no other node reacts to the
+   * temporary imbalance by moving further shards.
+   */
+  requestMoves(moves: Array<{ shard: number; to: string }>, ttlMs = Math.max(10 * this.o.heartbeatMs, 3 * this.o.leaseTtlMs)): string {
+    const id = `${this.o.nodeId}:${this.o.clock.now()}:${Math.random().toString(36).slice(2, 8)}`;
+    if (moves.length) this.o.nc.publish(`${this.hb}.plan`, encode({ v: 1, id, ttlMs: Math.round(ttlMs), moves }));
+    return id;
   }
 
-  /** Executes a hand-over request addressed to a shard this node owns. */
-  async handover(shard: number, to: string): Promise<boolean> {
-    const h = this.owned.get(shard);
-    if (!h) return false;
-    this.hints.set(shard, { to, atMono: this.o.clock.monotonic() });
-    await this.release(shard, h, to);
-    return true;
-  }
+  /** Asks the owner of `shard` to hand it to `to` (any node may call; the owner acts). */
+  requestHandover(shard: number, to: string): void { this.requestMoves([{ shard, to }]); }
 
   async stop(): Promise<void> {
-    this.stopping = true;
-    if (this.timer) this.o.clock.clearTimeout(this.timer);
+    if (this.stopping) return;
+    this.stopping = true; // no shard fires from here on (leaseValid is false)
+    for (const t of [this.beatTimer, this.wakeTimer?.h]) if (t) this.o.clock.clearTimeout(t);
     await this.reconciling?.catch(() => undefined);
-    for (const [s, h] of [...this.owned]) await this.release(s, h, null);
+    await Promise.allSettled([...this.busy.values()]);
+    // Say so first: the others drop this node from their assignment and take the hand-overs at once.
+    this.beat();
+    const { target } = this.desired();
+    const all = [...this.owned];
+    for (let i = 0; i < all.length; i += PARALLEL) {
+      await Promise.allSettled(all.slice(i, i + PARALLEL).map(([s, h]) => this.release(s, h, target.get(s) ?? null)));
+    }
+    this.closed = true;
+    if (this.renewTimer) this.o.clock.clearTimeout(this.renewTimer);
     this.beat();
     this.members.stop();
-    this.sub?.unsubscribe();
+    this.view.stop();
+    for (const s of this.subs) s.unsubscribe();
   }
 }

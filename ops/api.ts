@@ -3,6 +3,8 @@ import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, 
 import { decode, encode } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
 import type { BulkCreated, NewTask } from "../actors/store/index.ts";
+import type { TriggerInput } from "../actors/triggers/index.ts";
+import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
@@ -54,38 +56,83 @@ export interface ParsedTaskSpec { after: string[]; task: Omit<NewTask, "shardOf"
 
 /** Validates one task spec (the body of `task.create`) and computes its first due time. Pure: no I/O. */
 export function parseTaskSpec(raw: Record<string, unknown>, now: number): ParsedTaskSpec {
-  const a = CreateTaskInput.parse(raw);
+  // The common shape is checked by hand (the same rules as CreateTaskInput, much cheaper); zod
+  // parses whatever fails the check, so a refusal reads exactly as before.
+  const a = matchesCreateTaskInput(raw) ? (raw as z.infer<typeof CreateTaskInput>) : CreateTaskInput.parse(raw);
   const name = str("name", a.name);
   if (!NAME_RE.test(name)) throw new InvalidInputError("name", name, "use letters, digits, '.', '_' or '-' (at most 128)");
   const executor = str("executor", a.executor);
   const after = a.after ?? [];
-  const hasTrigger = [a.cron, a.every, a.fixedDelay, a.at, a.delay].some(opt);
+  const hasTrigger = opt(a.cron) || opt(a.every) || opt(a.fixedDelay) || opt(a.at) || opt(a.delay);
   let spec: TriggerSpec | null = null;
   if (hasTrigger || !after.length) {
-    spec = parseTrigger({
-      ...(opt(a.cron) ? { cron: a.cron } : {}), ...(opt(a.tz) ? { tz: a.tz } : {}), ...(opt(a.every) ? { every: a.every } : {}),
-      ...(opt(a.fixedDelay) ? { fixedDelay: a.fixedDelay } : {}), ...(opt(a.at) ? { at: a.at } : {}), ...(opt(a.delay) ? { delay: a.delay } : {}),
-    }, now);
+    const input: TriggerInput = {};
+    if (opt(a.cron)) input.cron = a.cron;
+    if (opt(a.tz)) input.tz = a.tz;
+    if (opt(a.every)) input.every = a.every;
+    if (opt(a.fixedDelay)) input.fixedDelay = a.fixedDelay;
+    if (opt(a.at)) input.at = a.at;
+    if (opt(a.delay)) input.delay = a.delay;
+    spec = parseTrigger(input, now);
   } else if (opt(a.tz)) throw new InvalidInputError("tz", a.tz, "only with --cron");
-  const timeoutMs = opt(a.timeout) ? parseDuration("timeout", a.timeout) : 30_000;
+  const timeoutMs = opt(a.timeout) ? durationOf("timeout", a.timeout) : 30_000;
   const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
-  const backoffMs = opt(a.backoff) ? parseDuration("backoff", a.backoff, { allowZero: true }) : 1000;
-  const backoffMaxMs = opt(a.backoffMax) ? parseDuration("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
+  const backoffMs = opt(a.backoff) ? durationOf("backoff", a.backoff, true) : 1000;
+  const backoffMaxMs = opt(a.backoffMax) ? durationOf("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
   const misfire = a.misfire ?? "once";
-  if (!["once", "skip", "all"].includes(misfire)) throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
+  if (misfire !== "once" && misfire !== "skip" && misfire !== "all") throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
   const overlap = a.overlap ?? "forbid";
-  if (!["forbid", "allow"].includes(overlap)) throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
+  if (overlap !== "forbid" && overlap !== "allow") throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
   const triggers = spec ? [{ kind: spec.kind, spec }] : [];
-  const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire: misfire as "once", createdMs: now }, now) : null;
-  const record = initialRecord({ maxAttempts: retries + 1, overlap: overlap as "forbid" });
+  const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire, createdMs: now }, now) : null;
+  const record = freshRecord(retries + 1, overlap);
   return {
     after,
     task: {
       name, executor, payload: a.payload ?? null, timeoutMs, maxAttempts: retries + 1, backoffMs, backoffMaxMs,
-      misfire: misfire as "once", overlap: overlap as "forbid", state: record.value, record, triggers,
+      misfire, overlap, state: record.value, record, triggers,
       nextDueMs: pointer?.dueMs ?? null, nextSlotMs: pointer?.slotMs ?? null, nextSource: pointer?.source ?? null, nextReason: pointer?.reason ?? null, nowMs: now,
     },
   };
+}
+
+// Pure functions of their input, memoized for bulk calls where thousands of specs share them.
+const durationMemo = new Map<string, number>();
+function durationOf(field: string, v: string | number, allowZero = false): number {
+  if (typeof v !== "string") return parseDuration(field, v, { allowZero });
+  const key = `${allowZero ? 1 : 0}${field}:${v}`;
+  let ms = durationMemo.get(key);
+  if (ms === undefined) {
+    ms = parseDuration(field, v, { allowZero });
+    if (durationMemo.size > 1000) durationMemo.clear();
+    durationMemo.set(key, ms);
+  }
+  return ms;
+}
+/** Fresh records are never mutated (transitions return new ones), so one per (maxAttempts, overlap) is shared. */
+const recordMemo = new Map<string, TaskRecord>();
+function freshRecord(maxAttempts: number, overlap: "forbid" | "allow"): TaskRecord {
+  const key = `${maxAttempts}:${overlap}`;
+  let r = recordMemo.get(key);
+  if (!r) { r = initialRecord({ maxAttempts, overlap }); recordMemo.set(key, r); }
+  return r;
+}
+
+const STRING_FIELDS = new Set(["cron", "tz", "at", "misfire", "overlap"]);
+const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax"]);
+
+/** True when `raw` passes CreateTaskInput as is (optional = absent or undefined; passthrough keeps the rest). */
+function matchesCreateTaskInput(raw: unknown): boolean {
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) return false;
+  const r = raw as Record<string, unknown>;
+  for (const k in r) {
+    const v = r[k];
+    if (v === undefined) continue;
+    if (STRING_FIELDS.has(k)) { if (typeof v !== "string") return false; }
+    else if (STRING_OR_NUMBER_FIELDS.has(k)) { if (typeof v !== "string" && !(typeof v === "number" && Number.isFinite(v))) return false; }
+    else if (k === "after" && (!Array.isArray(v) || !v.every((x) => typeof x === "string"))) return false;
+  }
+  return true;
 }
 
 /** An error about one spec of a bulk call, re-addressed to `tasks[i].<field>`. */
@@ -347,12 +394,16 @@ export class Api {
   private async shardsUnpin(a: Record<string, unknown>): Promise<unknown> {
     const shard = this.shardArg(a);
     await this.d.store.setPin(shard, null);
+    this.kickCluster();
     return { shard, pinnedTo: null };
   }
+  /** Operator state (pins, drains) changed in PostgreSQL: every node re-reads it and reconciles now. */
+  private kickCluster(): void { this.d.nc.publish(this.d.names.heartbeatSubject + ".kick", encode({})); }
   private async rebalance(a: Record<string, unknown>): Promise<unknown> {
-    const plan = await this.d.supervisor.rebalancePlan();
+    const plan = this.d.supervisor.rebalancePlan();
     if (a.dryRun === true) return { dryRun: true, moves: plan };
-    for (const m of plan) if (m.from) this.d.supervisor.requestHandover(m.shard, m.to);
+    // One plan to every node: the moves are pins until done, so nothing else moves meanwhile.
+    this.d.supervisor.requestMoves(plan.map((m) => ({ shard: m.shard, to: m.to })));
     return { dryRun: false, moves: plan };
   }
   private async drain(a: Record<string, unknown>, on: boolean): Promise<unknown> {
@@ -366,6 +417,7 @@ export class Api {
       if (on) set.add(node); else set.delete(node);
       await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
       await c.query("commit");
+      this.kickCluster();
       return { drained: [...set] };
     } catch (e) { await c.query("rollback"); throw e; } finally { c.release(); }
   }

@@ -42,7 +42,9 @@ export async function startHttp(node: AxNode, port: number): Promise<HttpServer>
       send(404, "text/plain", "not found");
     })().catch((e) => send(500, "text/plain", String(e)));
   });
-  await new Promise<void>((resolve, reject) => { server.once("error", reject); server.listen(port, "127.0.0.1", () => resolve()); });
+  // Loopback unless told otherwise (AX_HTTP_HOST=0.0.0.0 in a container, so a published port reaches it).
+  const host = process.env.AX_HTTP_HOST || "127.0.0.1";
+  await new Promise<void>((resolve, reject) => { server.once("error", reject); server.listen(port, host, () => resolve()); });
   const addr = server.address() as AddressInfo;
   return {
     address: `http://127.0.0.1:${addr.port}`,

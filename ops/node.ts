@@ -76,13 +76,18 @@ export class AxNode {
     await ensureStreams(jsm, this.names);
     await ensureShardConsumers(jsm, this.names, this.shardCount);
     const kv = await new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1 });
+    // The bucket's max age is what really expires leases; it was fixed by the node that created
+    // the bucket. Acting on a longer TTL than the bucket's would be unsafe: use the bucket's.
+    const bucketTtlMs = (await kv.status()).ttl;
+    const leaseTtlMs = bucketTtlMs > 0 ? bucketTtlMs : c.leaseTtlMs;
+    if (leaseTtlMs !== c.leaseTtlMs) this.log.warn({ configured: c.leaseTtlMs, bucket: leaseTtlMs }, "AX_LEASE_TTL differs from the lease bucket's TTL; using the bucket's");
     this.persister = new Persister(this.store, this.log);
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
 
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort) : null;
     this.supervisor = new ShardSupervisor({
-      nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs: c.leaseTtlMs,
+      nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
       heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
@@ -105,16 +110,7 @@ export class AxNode {
         }, (e) => msg.respond(JSON.stringify(errEnvelope(e))));
       },
     }));
-    this.subs.push(this.nc.subscribe(`${this.names.heartbeatSubject}.handover.request`, {
-      callback: (err, msg) => {
-        if (err) return;
-        try {
-          const r = JSON.parse(new TextDecoder().decode(msg.data)) as { shard: number; to: string };
-          void this.supervisor.handover(r.shard, r.to);
-        } catch { /* malformed: ignored */ }
-      },
-    }));
-    this.subs.push(this.nc.subscribe(`${this.names.heartbeatSubject}.kick`, { callback: () => this.supervisor.kick() }));
+    // Hand-over hints, rebalance plans and operator kicks are the supervisor's own subscriptions.
     this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log });
     await this.deps.start();
     await this.supervisor.start();
@@ -126,17 +122,26 @@ export class AxNode {
   }
 
   private async startShard(shard: number, epoch: number): Promise<ShardHandle> {
-    const actor = new ShardActor(shard, epoch, {
+    // Only this actor's own entry: a late callback must not remove the shard's next actor.
+    const forget = () => { if (this.actors.get(shard) === actor) this.actors.delete(shard); this.metrics.shards.set(this.actors.size); };
+    const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize,
       leaseValid: () => this.supervisor.leaseValid(shard),
-      onFenced: () => { this.actors.delete(shard); void this.supervisor.dropShard(shard); },
+      // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
+      pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
+      onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
         "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.push(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
       },
     });
-    await actor.start();
+    try {
+      await actor.start();
+    } catch (e) {
+      actor.fence(); // a half-started actor must not keep timers running without a shard
+      throw e;
+    }
     const sub = this.nc.subscribe(this.names.shardSubject(shard, "cmd"), {
       callback: (err, msg) => {
         if (err) return;
@@ -149,15 +154,15 @@ export class AxNode {
     this.metrics.shards.set(this.actors.size);
     return {
       shard, epoch,
-      stop: async () => { sub.unsubscribe(); await actor.stop(); this.actors.delete(shard); this.metrics.shards.set(this.actors.size); },
-      fence: () => { sub.unsubscribe(); actor.fence(); this.actors.delete(shard); this.metrics.shards.set(this.actors.size); },
+      stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
+      fence: () => { sub.unsubscribe(); actor.fence(); forget(); },
     };
   }
 
   private firedPerSec(): number {
     const cutoff = this.clock.monotonic() - 5000;
     while (this.firedWindow.length && this.firedWindow[0]! < cutoff) this.firedWindow.shift();
-    return Math.round(this.firedWindow.length / 5);
+    return Math.round((this.firedWindow.length / 5) * 10) / 10;
   }
   private maxLagMs(): number {
     let m = 0; for (const a of this.actors.values()) m = Math.max(m, a.stats.lastLateMs); return Math.round(m);

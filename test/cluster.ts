@@ -1,4 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { createWriteStream, mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { names, silentLogger, createLogger, type AxConfig, type Clock } from "../common/index.ts";
@@ -71,7 +73,13 @@ export class TestCluster {
   /** Starts `ax …` as a separate process (a real node or executor that tests can kill -9). */
   spawn(args: string[], extraEnv: Record<string, string> = {}): ChildProcess {
     const p = spawn(process.execPath, ["bin/ax.mjs", ...args], { env: { ...process.env, ...this.env, ...extraEnv }, cwd: process.cwd(), stdio: ["ignore", "ignore", "pipe"] });
-    p.stderr?.on("data", () => undefined);
+    // AX_TEST_CHILD_LOGS=DIR (with AX_TEST_LOG=info) keeps each child's log in DIR for debugging.
+    const dir = process.env.AX_TEST_CHILD_LOGS;
+    if (dir) {
+      mkdirSync(dir, { recursive: true });
+      const out = createWriteStream(join(dir, `${this.ns}-${args.join("_").replace(/[^A-Za-z0-9_.-]/g, "")}-${this.children.length}.log`));
+      p.stderr?.pipe(out);
+    } else p.stderr?.on("data", () => undefined);
     this.children.push(p);
     return p;
   }
