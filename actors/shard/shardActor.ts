@@ -29,6 +29,12 @@ export interface ShardActorDeps {
   horizonMs?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
+  /**
+   * Lifetime of each pull request on the shard's consumers (>= 1000). Kept below the lease
+   * TTL so that a node frozen (SIGSTOP, VM pause) while owning the shard stops being handed
+   * this shard's events before its lease can pass to the next owner. Default 30 s.
+   */
+  pullExpiresMs?: number;
   /** Told when a write was refused for a stale epoch: the shard must stop. */
   onFenced: (shard: number) => void;
   events?: ShardEvents;
@@ -83,6 +89,9 @@ interface Round {
 }
 
 const GRACE_MS = 1000;
+const DISPATCH_BATCH = 200;
+/** Inside JetStream's 2-minute duplicate window, with a margin. */
+const REPUBLISH_WINDOW_MS = 100_000;
 
 /**
  * One owned shard: its wheel, its tasks' state machines, its dispatch. An actor: state is
@@ -142,6 +151,8 @@ export class ShardActor {
     const owners = await this.d.store.fetchTasks(this.shard, [...new Set(running.map((r) => r.taskId))]);
     for (const row of owners) this.live.set(row.id, { row, skippedWhileRunning: 0 });
     for (const r of running) this.adoptRunning(r, now);
+    const republished = await this.republishUnstarted(running, now);
+    if (republished) this.log.warn({ runs: republished }, "re-published runs the previous owner recorded but no executor started");
     this.state = "active";
     this.wheel.start();
     await this.refill();
@@ -166,9 +177,10 @@ export class ShardActor {
 
   private async startConsumers(): Promise<void> {
     const ev = await this.d.js.consumers.get(this.d.names.eventsStream, shardEventsConsumer(this.shard));
-    const evMsgs = await ev.consume({ max_messages: 256 });
+    const expires = this.d.pullExpiresMs ? { expires: Math.max(1000, this.d.pullExpiresMs) } : {};
+    const evMsgs = await ev.consume({ max_messages: 256, ...expires });
     const tr = await this.d.js.consumers.get(this.d.names.eventsStream, shardTriggerConsumer(this.shard));
-    const trMsgs = await tr.consume({ max_messages: 64 });
+    const trMsgs = await tr.consume({ max_messages: 64, ...expires });
     this.consumers.push(evMsgs, trMsgs);
     this.consumerLoops.push((async () => {
       for await (const m of evMsgs) {
@@ -579,6 +591,18 @@ export class ShardActor {
       };
       round.write.taskUpdates.push(u);
     }
+    // Dispatch messages and their ids are fixed before the write, so each run row names the
+    // message that carries it (a new owner can re-publish it under the same id, see start()).
+    const messages: Array<{ executor: string; id: string; runs: DispatchRun[] }> = [];
+    const inserted = new Map(round.write.runInserts.map((r) => [r.id, r]));
+    for (const [executor, runs] of round.dispatch) {
+      for (let i = 0; i < runs.length; i += DISPATCH_BATCH) {
+        const chunk = runs.slice(i, i + DISPATCH_BATCH);
+        const id = `d:${chunk[0]!.runId}`;
+        for (const r of chunk) { const row = inserted.get(r.runId); if (row) row.dispatchId = id; }
+        messages.push({ executor, id, runs: chunk });
+      }
+    }
     const stale = await this.d.persister.submit(round.write);
     if (stale) {
       this.log.error("epoch is no longer current: write refused, shard stops");
@@ -588,14 +612,7 @@ export class ShardActor {
       return;
     }
     const jobs: Array<Promise<unknown>> = [];
-    for (const [executor, runs] of round.dispatch) {
-      for (let i = 0; i < runs.length; i += 200) {
-        const chunk = runs.slice(i, i + 200);
-        const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs: chunk });
-        jobs.push(this.d.js.publish(this.d.names.dispatchSubject(executor), data, { msgID: `d:${chunk[0]!.runId}` })
-          .catch((e) => this.log.error({ err: String(e), executor, runs: chunk.length }, "dispatch publish failed; runs will time out and retry")));
-      }
-    }
+    for (const m of messages) jobs.push(this.publishDispatch(m.executor, m.id, m.runs));
     if (round.outcomes.length) {
       jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.taskId}:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
         .catch((e) => this.log.error({ err: String(e) }, "outcome publish failed")));
@@ -614,6 +631,34 @@ export class ShardActor {
       if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0) this.live.delete(id);
     }
     for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
+  }
+
+  private publishDispatch(executor: string, msgID: string, runs: DispatchRun[]): Promise<unknown> {
+    const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs });
+    return this.d.js.publish(this.d.names.dispatchSubject(executor), data, { msgID })
+      .catch((e) => this.log.error({ err: String(e), executor, runs: runs.length, msgID }, "dispatch publish failed; runs will time out and retry"));
+  }
+
+  /**
+   * Runs recorded `running` that no executor reported starting may never have been published
+   * (the previous owner died between its write and its publish). They are published again
+   * under their recorded message id: when the first publish did land, JetStream's duplicate
+   * window (2 min) drops the copy, so no run is delivered twice. Older ones are left to time
+   * out and follow their retry policy.
+   */
+  private async republishUnstarted(running: RunRow[], now: number): Promise<number> {
+    const groups = new Map<string, { executor: string; runs: DispatchRun[] }>();
+    for (const r of running) {
+      const row = this.live.get(r.taskId)?.row;
+      if (!row || r.startedMs !== null || !r.dispatchId || r.firedMs === null) continue;
+      if (now - r.firedMs > REPUBLISH_WINDOW_MS || r.firedMs + row.timeoutMs <= now) continue;
+      let g = groups.get(r.dispatchId);
+      if (!g) { g = { executor: r.executor, runs: [] }; groups.set(r.dispatchId, g); }
+      g.runs.push({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source, payload: row.payload,
+        scheduledAt: r.dueMs, firedAt: r.firedMs, timeoutMs: row.timeoutMs });
+    }
+    await Promise.all([...groups].map(([id, g]) => this.publishDispatch(g.executor, id, g.runs)));
+    return [...groups.values()].reduce((n, g) => n + g.runs.length, 0);
   }
 
   private async refill(): Promise<void> {

@@ -127,6 +127,14 @@ create table shards (
 alter table dependencies add column seen_run text, add column seen_ms bigint, add column trigger_key text, add column trigger_ms bigint;
 `,
   },
+  {
+    version: 3,
+    name: "dispatch id on runs",
+    // The JetStream message id of the dispatch carrying the run: a new owner re-publishes runs
+    // recorded but perhaps never published under the same id, and JetStream drops the copy
+    // when the first publish did land.
+    sql: `alter table runs add column dispatch_id text;`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

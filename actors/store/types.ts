@@ -73,10 +73,13 @@ export interface RunRow {
   upstreamRuns: string[] | null;
   lateOutcome: string | null;
   createdMs: number;
+  dispatchId: string | null;
 }
 
-export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome"> & {
+export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome" | "dispatchId"> & {
   finishedMs?: number | null;
+  /** JetStream message id of the dispatch that carries the run (set before the write, published after). */
+  dispatchId?: string | null;
 };
 
 /** Only the fields given are changed (null/undefined = keep). */

@@ -125,7 +125,7 @@ describe("single node end to end", () => {
   });
 
   it("a manual run is refused while one is in flight (exit 3, message, run id); --force does not bypass it", async () => {
-    hold.set("long", 3000);
+    hold.set("long", 8000); // long enough for three CLI processes to start on a loaded machine
     await client.call("task.create", { name: "long", executor: "work", every: "1h" });
     const first = await tc.cli(["run", "long", "--json"]);
     expect(first.code).toBe(0);
