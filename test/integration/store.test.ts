@@ -28,7 +28,7 @@ beforeAll(async () => {
   const other = new Store({ pgUrl: cfg.pgUrl, schema: ns });
   const [a, b] = await Promise.all([store.migrate(), other.migrate()]);
   await other.close();
-  expect([...a.applied, ...b.applied]).toEqual([1, 2]);
+  expect([...a.applied, ...b.applied]).toEqual([1, 2, 3]);
   expect(await store.initShardCount(4)).toBe(4);
   expect(await store.initShardCount(64)).toBe(4); // fixed at creation
   await store.upsertExecutor("ex", "nats", null, 1000);
