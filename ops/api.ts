@@ -408,18 +408,9 @@ export class Api {
   }
   private async drain(a: Record<string, unknown>, on: boolean): Promise<unknown> {
     const node = str("node", a.node);
-    const c = await this.d.store.pool.connect();
-    try {
-      await c.query("begin");
-      await c.query("select pg_advisory_xact_lock(hashtext('ax-drain'))");
-      const r = await c.query("select value from meta where key = 'drained'");
-      const set = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
-      if (on) set.add(node); else set.delete(node);
-      await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
-      await c.query("commit");
-      this.kickCluster();
-      return { drained: [...set] };
-    } catch (e) { await c.query("rollback"); throw e; } finally { c.release(); }
+    const drained = await this.d.store.setDrained(node, on);
+    this.kickCluster();
+    return { drained };
   }
 }
 

@@ -147,17 +147,8 @@ export class DependencyActor {
     this.stats.triggers++;
   }
 
-  private async tx<T>(fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
-    const c = await this.d.store.pool.connect();
-    try {
-      await c.query("begin");
-      const r = await fn(c);
-      await c.query("commit");
-      return r;
-    } catch (e) {
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
+  private tx<T>(fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
+    return this.d.store.transaction(fn);
   }
 
   /** D's edges, locked in upstream order (every writer locks them the same way: no deadlock). */

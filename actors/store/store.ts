@@ -79,26 +79,42 @@ export class Store {
 
   // ---- cluster metadata ------------------------------------------------------------------
 
-  /** The shard count is fixed when the cluster is created; later nodes read it back. */
-  async initShardCount(requested: number): Promise<number> {
+  /** Runs `fn` in one transaction on one connection: committed if it resolves, rolled back if it throws. */
+  async transaction<T>(fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
     const c = await this.pool.connect();
     try {
       await c.query("begin");
-      await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-shards:${this.schema}`]);
-      const r = await c.query("select value from meta where key = 'shard_count'");
-      let count: number;
-      if (r.rowCount) count = Number(r.rows[0].value);
-      else {
-        count = requested;
-        await c.query("insert into meta (key, value) values ('shard_count', $1::jsonb)", [JSON.stringify(count)]);
-        await c.query("insert into shards (shard) select generate_series(0, $1::int - 1) on conflict do nothing", [count]);
-      }
+      const out = await fn(c);
       await c.query("commit");
-      return count;
+      return out;
     } catch (e) {
       await c.query("rollback").catch(() => undefined);
       throw e;
     } finally { c.release(); }
+  }
+
+  /** The shard count is fixed when the cluster is created; later nodes read it back. */
+  initShardCount(requested: number): Promise<number> {
+    return this.transaction(async (c) => {
+      await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-shards:${this.schema}`]);
+      const r = await c.query("select value from meta where key = 'shard_count'");
+      if (r.rowCount) return Number(r.rows[0].value);
+      await c.query("insert into meta (key, value) values ('shard_count', $1::jsonb)", [JSON.stringify(requested)]);
+      await c.query("insert into shards (shard) select generate_series(0, $1::int - 1) on conflict do nothing", [requested]);
+      return requested;
+    });
+  }
+
+  /** Marks a node drained (it owns no shard while drained) or not; returns the drained set. */
+  setDrained(node: string, drained: boolean): Promise<string[]> {
+    return this.transaction(async (c) => {
+      await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-drain:${this.schema}`]);
+      const r = await c.query("select value from meta where key = 'drained'");
+      const set = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      if (drained) set.add(node); else set.delete(node);
+      await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
+      return [...set];
+    });
   }
 
   async listShards(): Promise<ShardRow[]> {
@@ -376,17 +392,11 @@ export class Store {
     await c.query("insert into dependencies (downstream, upstream, created_ms) values ($1, $2, $3) on conflict do nothing", [downstream, upstream, nowMs]);
   }
 
-  async addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> {
-    const c = await this.pool.connect();
-    try {
-      await c.query("begin");
+  addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> {
+    return this.transaction(async (c) => {
       await this.lockGraph(c);
       await this.insertEdge(c, downstream, upstream, nowMs);
-      await c.query("commit");
-    } catch (e) {
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
+    });
   }
 
   async removeDependency(downstream: number, upstream: number): Promise<boolean> {
@@ -470,6 +480,10 @@ export class Store {
     }
     const c = await this.writePool.connect();
     const jobs: Array<Promise<unknown>> = [];
+    // Corked: the whole transaction leaves in one write (a syscall per statement cost more than
+    // the statements at small batch sizes).
+    const stream = (c as unknown as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
+    stream?.cork?.();
     try {
       jobs.push(c.query("begin"));
       const fence = c.query({ name: "ax_fence", text: `select s.shard from shards s join unnest($1::int[], $2::bigint[]) f(shard, epoch)
@@ -479,6 +493,7 @@ export class Store {
       if (upd.length) jobs.push(updateRuns(c, upd, shards, epochs));
       if (tasks.length) jobs.push(updateTasks(c, tasks, shards, epochs));
       jobs.push(c.query("commit"));
+      stream?.uncork?.();
       const settled = await Promise.allSettled(jobs);
       const failed = settled.find((x): x is PromiseRejectedResult => x.status === "rejected");
       // After a failed statement the server ignores the rest and answers "commit" with a rollback.
@@ -486,6 +501,7 @@ export class Store {
       const ok = new Set((await fence).rows.map((x) => x.shard as number));
       return { stale: writes.filter((w) => !ok.has(w.shard)).map((w) => w.shard) };
     } catch (e) {
+      stream?.uncork?.();
       await c.query("rollback").catch(() => undefined);
       throw e;
     } finally { c.release(); }
