@@ -6,23 +6,30 @@ import type { ShardWrite, Store } from "./store/index.ts";
  * written are coalesced into the next one, so PostgreSQL sees one fenced transaction per
  * round for all shards instead of one per shard per tick. Each submitter learns whether its
  * shard's epoch was still current.
+ *
+ * Up to `lanes` batches are in flight at once (each one transaction on its own connection).
+ * Order is safe without more: a shard actor submits its next round only after the previous
+ * one was written, so one shard never has two writes in flight, and the batches of different
+ * shards touch disjoint rows. A second lane only starts while the first is busy, so under load
+ * writes still coalesce into large batches; it removes the wait behind a batch already on the
+ * wire from the latency of a round.
  */
 export class Persister {
   private queue: Array<{ write: ShardWrite; resolve: (stale: boolean) => void; reject: (e: unknown) => void }> = [];
-  private running = false;
-  readonly stats = { batches: 0, rows: 0, lastBatchMs: 0 };
-  constructor(private readonly store: Store, private readonly log: Logger) {}
+  private inFlight = 0;
+  readonly stats = { batches: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0 };
+  constructor(private readonly store: Store, private readonly log: Logger, private readonly lanes = 2) {}
 
   submit(write: ShardWrite): Promise<boolean> {
     if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length) return Promise.resolve(false);
     return new Promise((resolve, reject) => {
       this.queue.push({ write, resolve, reject });
-      if (!this.running) void this.drain();
+      if (this.inFlight < this.lanes) void this.drain();
     });
   }
 
   private async drain(): Promise<void> {
-    this.running = true;
+    this.inFlight++;
     try {
       while (this.queue.length) {
         const batch = this.queue.splice(0, 256);
@@ -32,6 +39,7 @@ export class Persister {
           const staleSet = new Set(stale);
           for (const b of batch) b.resolve(staleSet.has(b.write.shard));
           this.stats.batches++;
+          this.stats.maxBatchWrites = Math.max(this.stats.maxBatchWrites, batch.length);
           this.stats.rows += batch.reduce((n, b) => n + b.write.runInserts.length + b.write.runUpdates.length + b.write.taskUpdates.length, 0);
           this.stats.lastBatchMs = performance.now() - t0;
         } catch (e) {
@@ -39,7 +47,7 @@ export class Persister {
         }
       }
     } finally {
-      this.running = false;
+      this.inFlight--;
     }
   }
 

@@ -2,7 +2,7 @@
 // Prints one JSON line. Run: node --import tsx bench/store.ts [--rows 100000] [--batch 1000]
 import { randomBytes } from "node:crypto";
 import { loadConfig } from "../common/index.ts";
-import { Store, type RunInsert, type TaskUpdate } from "../actors/index.ts";
+import { Store, type RunInsert, type TaskUpdate } from "../actors/store/index.ts";
 
 const arg = (k: string, d: number) => { const i = process.argv.indexOf(k); return i > 0 ? Number(process.argv[i + 1]) : d; };
 const rows = arg("--rows", 100_000);

@@ -9,6 +9,7 @@
 import { transition } from "xstate";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { busyForbidden, taskMachine } from "./task-machine.ts";
+import { compiledTaskMachine } from "./compiled.ts";
 import { TASK_STATES, type OverlapPolicy, type TaskContext, type TaskEvent, type TaskRecord, type TaskState, type TransitionResult } from "./types.ts";
 
 const STATE_SET: ReadonlySet<string> = new Set(TASK_STATES);
@@ -43,6 +44,17 @@ export function initialRecord(input: { maxAttempts: number; overlap: OverlapPoli
 export function applyEvent(record: TaskRecord, event: TaskEvent): TransitionResult {
   const from = record.value;
   if (!isTaskState(from)) throw new InvalidInputError("record.value", from, "not a task state");
+  if (compiledTaskMachine) {
+    // The machine's own definition, evaluated without XState's actor machinery (compiled.ts).
+    let next: { value: TaskState; context: TaskContext } | null;
+    try {
+      next = compiledTaskMachine.transition(from, record.context, event);
+    } catch (e) {
+      throw new AxError("AX_E_INTERNAL", `task machine failed on ${event.type} in state ${from}`, { cause: e });
+    }
+    if (next === null) return refusal(from, record.context, event);
+    return { ok: true, record: { value: next.value, context: next.context }, from, to: next.value };
+  }
   const snapshot = taskMachine.resolveState({ value: from, context: record.context });
   const [next] = transition(taskMachine, snapshot, event);
   if (next.status === "error") {

@@ -629,7 +629,7 @@ const escapeCopyChar = (ch: string): string => (ch === "\\" ? "\\\\" : ch === "\
  */
 function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number> {
   return new Promise<number>((resolve, reject) => {
-    let error: unknown = null;
+    let settled = false;
     let rows = 0;
     const q = {
       callback: undefined as unknown,
@@ -639,8 +639,9 @@ function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number
         con.endCopyFrom();
       },
       handleCommandComplete(msg: { text?: string }) { rows = Number(/(\d+)$/.exec(msg.text ?? "")?.[1] ?? 0); },
-      handleError(e: unknown) { error = e; },
-      handleReadyForQuery() { if (error) reject(error); else resolve(rows); },
+      // pg drops the active query on an error (no ReadyForQuery reaches it): settle here.
+      handleError(e: unknown) { if (!settled) { settled = true; reject(e); } },
+      handleReadyForQuery() { if (!settled) { settled = true; resolve(rows); } },
       handleRowDescription() { /* none for COPY FROM */ },
       handleDataRow() { /* none */ },
       handleEmptyQuery() { /* none */ },
