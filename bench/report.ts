@@ -27,6 +27,23 @@ const RESULTS = join(root, "bench", "results.json");
 const MD = join(root, "docs", "BENCHMARKS.md");
 const SVG = join(root, "docs", "bench-lateness.svg");
 const ORDER = ["seed-50k", "seed-500k", "max-rate", "burst", "idle-1m", "create"];
+const ANALYSIS = join(root, "bench", "analysis.md");
+
+/** The speed targets of the benchmark issue, checked against the latest full-size rows. */
+function targets(all: Stored[]): string {
+  const get = (sc: string, peer?: string) => all.find((x) => x.row.scenario === sc && (x.row.peer ?? undefined) === peer && !x.row.quick)?.row;
+  const mark = (ok: boolean | null) => (ok === null ? "not run" : ok ? "met" : "**not met**");
+  const s5 = get("seed-500k"); const mr = get("max-rate"); const mrb = get("max-rate", "bullmq"); const idle = get("idle-1m"); const cr = get("create");
+  const rows = [
+    ["seed-500k p99 ≤ 50 ms, 0 lost, 0 duplicated", s5 ? `p99 ${s5.latencyMs?.p99} ms, lost ${s5.lost}, dup ${s5.duplicated}` : "–",
+      mark(s5 ? (s5.latencyMs?.p99 ?? Infinity) <= 50 && s5.lost === 0 && s5.duplicated === 0 : null)],
+    ["max-rate ≥ 20,000 runs/s at p99 ≤ 100 ms", mr ? `${mr.rate}/s (p99 ${mr.latencyMs?.p99} ms)` : "–", mark(mr ? (mr.rate ?? 0) >= 20_000 : null)],
+    ["max-rate ahead of BullMQ", mrb ? `ax ${mr?.rate}/s vs BullMQ ${mrb.rate}/s (×${mrb.ratio})` : "–", mark(mrb && mr ? (mr.rate ?? 0) > (mrb.rate ?? 0) : null)],
+    ["idle-1m ≤ 1 GB node RSS", idle ? `${idle.nodeRssMb} MB` : "–", mark(idle ? idle.nodeRssMb <= 1024 : null)],
+    ["create ≥ 50,000 tasks/s", cr ? `${cr.rate}/s` : "–", mark(cr ? (cr.rate ?? 0) >= 50_000 : null)],
+  ];
+  return ["| target | latest full-size result | status |", "|---|---|---|", ...rows.map((r) => `| ${r.join(" | ")} |`)].join("\n");
+}
 
 const keyOf = (r: ResultRow) => `${r.scenario}|${r.peer ?? "ax"}|${r.quick ? "quick" : "full"}`;
 
@@ -34,7 +51,7 @@ const keyOf = (r: ResultRow) => `${r.scenario}|${r.peer ?? "ax"}|${r.quick ? "qu
 export function writeReports(rows: Array<{ row: ResultRow; series?: { ax?: SeriesPoint[]; peer?: SeriesPoint[] } }>, meta: { date: string; commit: string; machine: Machine }): void {
   const stored: Record<string, Stored> = existsSync(RESULTS) ? JSON.parse(readFileSync(RESULTS, "utf8")) : {};
   for (const r of rows) stored[keyOf(r.row)] = { row: r.row, ...(r.series ? { series: r.series } : {}), ...meta };
-  writeFileSync(RESULTS, JSON.stringify(stored, null, 1) + "\n");
+  if (rows.length) writeFileSync(RESULTS, JSON.stringify(stored, null, 1) + "\n");
   mkdirSync(dirname(MD), { recursive: true });
   const all = Object.values(stored);
   const plot = pickPlot(all);
@@ -97,6 +114,11 @@ ${full.length ? table(full) : "(no full-size run yet)"}
 
 ${extras(full)}
 
+## Targets
+
+${targets(full)}
+
+${existsSync(ANALYSIS) ? readFileSync(ANALYSIS, "utf8").trim() + "\n" : ""}
 ${quick.length ? `### Scaled-down runs (\`--quick\` or \`--tasks\`)\n\n${table(quick)}\n\n${extras(quick)}\n` : ""}
 ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scaled down" : ""})\n\n![lateness per second](bench-lateness.svg)\n\np99 and max lateness per second of the run, ax and BullMQ.\n` : ""}
 ## What is measured

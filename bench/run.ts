@@ -11,6 +11,9 @@
  *   --shards N (4)    --tick MS (10)                 --window S max-rate step length (10, quick 3)
  *   --budget S         max-rate sweep time bound (360, quick 60)
  *   --no-docs          do not touch docs/ or bench/results.json
+ *   --docs-only        only rewrite docs/ from bench/results.json (and bench/analysis.md)
+ *   --verbose          PostgreSQL counters and persister stats per step (stderr)
+ *   --node-flags "..." extra Node/V8 flags for the node process; --event-flush MS executor event flush
  */
 import { execSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
@@ -232,7 +235,12 @@ const SCENARIOS: Record<string, (emit: Emit) => Promise<void>> = {
 };
 
 async function main(): Promise<void> {
-  const which = argv.find((a) => !a.startsWith("--") && !argv[argv.indexOf(a) - 1]?.startsWith("--")) ?? "all";
+  if (flag("docs-only")) { // regenerate docs/ from bench/results.json
+    writeReports([], { date: new Date().toISOString(), commit: "", machine: { nproc: cpus().length, memoryGb: Math.round(totalmem() / 1024 ** 3 * 10) / 10, cpu: cpus()[0]?.model ?? "?" } });
+    process.exit();
+  }
+  const BOOLEAN = new Set(["--quick", "--no-peer", "--no-docs", "--docs-only", "--verbose"]);
+  const which = argv.find((a, i) => !a.startsWith("--") && (i === 0 || !argv[i - 1]!.startsWith("--") || BOOLEAN.has(argv[i - 1]!))) ?? "all";
   const names = which === "all" ? Object.keys(SCENARIOS) : which.split(",");
   for (const n of names) if (!SCENARIOS[n]) { process.stderr.write(`unknown scenario ${n}; one of ${Object.keys(SCENARIOS).join(", ")}, all\n`); process.exit(2); }
   const commit = (() => { try { return execSync("git rev-parse --short HEAD", { encoding: "utf8" }).trim(); } catch { return "unknown"; } })();
