@@ -16,6 +16,7 @@ import { Redis } from "ioredis";
 import { Recorder, wallNow, type RecorderSummary } from "./recorder.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
 import type { NodeUsage } from "./harness.ts";
+import { nextSweepRate } from "./sweep.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -144,10 +145,9 @@ export async function runBullSweep(o: { start: number; windowS: number; budgetS:
       o.log(`bullmq max-rate step ${step}: ${rate}/s → p99 ${s.latencyMs.p99}ms lost ${s.lost} dup ${s.duplicated} ${pass ? "pass" : "FAIL"}`);
       if (pass) { lo = rate; if (!best || rate > best.rate) best = r; } else hi = rate;
       step++;
-      if (hi === Infinity) rate = Math.round(rate * 1.5);
-      else if (lo === 0) rate = Math.round(rate / 2);
-      else if (hi / lo > 1.1) rate = Math.round((lo + hi) / 2);
-      else break;
+      const next = nextSweepRate(rate, lo, hi);
+      if (next === null) break;
+      rate = next;
       await sleep(1000);
     }
   } finally { await b.stop(); }

@@ -23,6 +23,7 @@ import type { RecorderSummary, SeriesPoint } from "./recorder.ts";
 import { runBullSeed, runBullSweep, type PeerResult } from "./peer-bullmq.ts";
 import { writeReports, type ResultRow } from "./report.ts";
 import { DueIndex } from "../actors/index.ts";
+import { nextSweepRate } from "./sweep.ts";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(`--${name}`);
@@ -135,10 +136,9 @@ async function maxRateScenario(emit: Emit): Promise<void> {
       if (pass) { lo = rate; if (!bestBox.v || rate > (bestBox.v.rowArgs[2] ?? 0)) bestBox.v = { rowArgs: ["max-rate", tasks, rate, r.s, r.u0, r.u1, r.sv], s: r.s }; }
       else hi = rate;
       step++;
-      if (hi === Infinity) rate = Math.round(rate * 1.5);
-      else if (lo === 0) rate = Math.round(rate / 2);
-      else if (hi / lo > 1.1) rate = Math.round((lo + hi) / 2);
-      else break;
+      const next = nextSweepRate(rate, lo, hi);
+      if (next === null) break;
+      rate = next;
       await sleep(1000);
     }
   });
