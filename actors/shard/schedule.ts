@@ -69,7 +69,7 @@ export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "m
         let slot = first.slotMs;
         if (task.misfire === "once") for (let n = t.next(slot); n !== null && n <= nowMs; n = t.next(slot)) slot = n;
         p = { dueMs: nowMs, slotMs: slot, triggerId: tr.id, source: "misfire", causedBy: null,
-          reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(first.slotMs)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
+          reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(slot)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
       } else if (plan.nextSlotMs !== null) {
         const from = last ?? task.createdMs;
         p = { dueMs: plan.nextSlotMs, slotMs: plan.nextSlotMs, triggerId: tr.id, source: sourceOfKind(tr.kind), causedBy: null,

@@ -154,7 +154,9 @@ describe("single node end to end", () => {
     await waitFor(() => startsOf("pz").length >= n + 2, 5000, "pz resumed");
     const runs = (await runsOf("pz")).reverse().slice(n);
     expect(runs[0]!.source, JSON.stringify(runs.map((r) => [r.source, r.dueAt, r.state]))).toBe("misfire");
-    expect(runs.filter((r) => r.source === "misfire"), JSON.stringify(await runsOf("pz"))).toHaveLength(1);
+    // One catch-up for the pause; a slot that comes due while that catch-up is in flight may add
+    // its own (caused by the catch-up run), which is the overlap rule, not a second resume catch-up.
+    expect(runs.filter((r) => r.source === "misfire" && (r as Run & { causedBy: string | null }).causedBy === null), JSON.stringify(await runsOf("pz"))).toHaveLength(1);
     await client.call("task.pause", { task: "pz" });
   });
 
