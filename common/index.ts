@@ -3,3 +3,4 @@ export { SystemClock, SimulatedClock, type Clock, type TimerHandle } from "./clo
 export { parseDuration, formatDuration } from "./duration.ts";
 export { loadConfig, names, ENV_DEFAULTS, ENV_DOCS, NAMESPACE_RE, type AxConfig, type Names } from "./config.ts";
 export { createLogger, silentLogger, type Logger } from "./log.ts";
+export { RateWindow } from "./rateWindow.ts";

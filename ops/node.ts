@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
@@ -46,7 +46,7 @@ export class AxNode {
   private subs: Subscription[] = [];
   private http: HttpServer | null = null;
   private pruneTimer: NodeJS.Timeout | null = null;
-  private firedWindow: number[] = [];
+  private readonly firedWindow = new RateWindow(5000, 100);
   private shardCount = 0;
   private stopped = false;
 
@@ -132,7 +132,7 @@ export class AxNode {
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
-        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.push(this.clock.monotonic()); },
+        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
       },
     });
@@ -160,9 +160,7 @@ export class AxNode {
   }
 
   private firedPerSec(): number {
-    const cutoff = this.clock.monotonic() - 5000;
-    while (this.firedWindow.length && this.firedWindow[0]! < cutoff) this.firedWindow.shift();
-    return Math.round((this.firedWindow.length / 5) * 10) / 10;
+    return Math.round(this.firedWindow.perSecond(this.clock.monotonic()) * 10) / 10;
   }
   private maxLagMs(): number {
     let m = 0; for (const a of this.actors.values()) m = Math.max(m, a.stats.lastLateMs); return Math.round(m);

@@ -15,16 +15,13 @@ export interface Pointer {
   causedBy: string | null;
 }
 
-const compiled = new Map<string, CompiledTrigger>();
+/**
+ * Trigger rows are immutable (a change is a new trigger), and compileTrigger shares parsed cron
+ * expressions per (expr, tz), so compiling is an allocation: cheaper than any cache key that
+ * would have to prove the spec unchanged (a JSON key cost more than the compile it saved).
+ */
 export function compiledOf(tr: TriggerRow): CompiledTrigger {
-  const key = `${tr.id}:${JSON.stringify(tr.spec)}`;
-  let c = compiled.get(key);
-  if (!c) {
-    c = compileTrigger(tr.spec as TriggerSpec);
-    if (compiled.size > 100_000) compiled.clear();
-    compiled.set(key, c);
-  }
-  return c;
+  return compileTrigger(tr.spec as TriggerSpec);
 }
 
 export function sourceOfKind(kind: TriggerRow["kind"]): RunSource {

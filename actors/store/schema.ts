@@ -135,6 +135,23 @@ alter table dependencies add column seen_run text, add column seen_ms bigint, ad
     // when the first publish did land.
     sql: `alter table runs add column dispatch_id text;`,
   },
+  {
+    version: 4,
+    name: "hot status updates",
+    // Every run changes its task row twice and its run row once or twice. Those updates were
+    // never HOT: tasks.next_due_ms was indexed and runs.state was the predicate of a partial
+    // index, so each one wrote 3-4 index entries (half of PostgreSQL's cost per run, see
+    // docs/BENCHMARKS.md). Without those two indexes, and with room left on each page, a status
+    // update rewrites only the heap tuple. Their readers are cold paths: a shard's due index is
+    // rebuilt from the shard's tasks (tasks_shard), and the running runs of a shard are found
+    // through the tasks' in-flight lists (written in the same fenced transaction as the runs).
+    sql: `
+drop index if exists tasks_shard_due;
+drop index if exists runs_running;
+alter table tasks set (fillfactor = 70);
+alter table runs set (fillfactor = 60);
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

@@ -75,7 +75,7 @@ export class Store {
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
   async dropNamespace(): Promise<void> { await dropSchema(this.pool, this.schema); }
-  async close(): Promise<void> { await Promise.all([this.pool.end(), this.writePool.end()]); }
+  async close(): Promise<void> { await this.settled(); await Promise.all([this.pool.end(), this.writePool.end()]); }
 
   // ---- cluster metadata ------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ export class Store {
       const nTriggers = tasks.reduce((n, t) => n + t.triggers.length, 0);
       const st = (await c.query(`select c.reltuples, coalesce(s.n_mod_since_analyze, 0) as mods from pg_class c
         left join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'tasks'::regclass`)).rows[0] as { reltuples: number; mods: number } | undefined;
-      analyze = !st || st.reltuples < 0 || Number(st.mods) + tasks.length > 0.5 * st.reltuples;
+      analyze = !st || st.reltuples < 0 || Number(st.mods) + tasks.length > st.reltuples;
       const ids = await reserveIds(c, "tasks", tasks.length);
       const trIds = nTriggers ? await reserveIds(c, "triggers", nTriggers) : [];
       const T = new CopyText(); const TR = new CopyText(); const TT = new CopyText();
@@ -276,17 +276,30 @@ export class Store {
            on conflict do nothing`, [edges.d, edges.u, tasks[0]!.nowMs]);
       }
       await c.query("commit");
-      // A table that grew by half since its statistics were taken (or never had any) gets them
-      // now: without, the planner guesses hundreds of triggers per task and the shard actors'
-      // task fetches turn into sequential scans. Growth in steps of 50% bounds this to a few
-      // ANALYZE runs however many tasks are loaded.
-      if (analyze) await c.query("analyze tasks; analyze triggers; analyze task_triggers").catch(() => undefined);
+      // A table that doubled since its statistics were taken (or never had any) gets them soon:
+      // without, the planner guesses hundreds of triggers per task and the shard actors' task
+      // fetches turn into sequential scans. Doubling bounds this to a few ANALYZE runs however
+      // many tasks are loaded; it runs beside the callers (one at a time), not in their path.
+      if (analyze) this.analyzeSoon();
     } catch (e) {
       await c.query("rollback").catch(() => undefined);
       throw e;
     } finally { c.release(); }
     return out;
   }
+
+  private analyzing: Promise<void> | null = null;
+  private analyzeAgain = false;
+  /** ANALYZE of the task tables in the background; calls while one runs fold into one more run. */
+  private analyzeSoon(): void {
+    if (this.analyzing) { this.analyzeAgain = true; return; }
+    this.analyzing = this.pool.query("analyze tasks; analyze triggers; analyze task_triggers").then(() => undefined, () => undefined).finally(() => {
+      this.analyzing = null;
+      if (this.analyzeAgain) { this.analyzeAgain = false; this.analyzeSoon(); }
+    });
+  }
+  /** Resolves when no background ANALYZE is running (tests, close). */
+  async settled(): Promise<void> { while (this.analyzing) await this.analyzing; }
 
   private skipFk: boolean | null = null;
   private async canSkipForeignKeyChecks(c: pg.PoolClient): Promise<boolean> {
@@ -429,8 +442,16 @@ export class Store {
     const r = await this.pool.query("select * from runs where id = any($1::text[])", [ids]);
     return r.rows.map(toRun);
   }
+  /**
+   * Runs recorded `running` for tasks of `shard`, found through the tasks' in-flight lists: a run
+   * row and its task's record are written in one fenced transaction, so the two always agree.
+   * (Read when a shard is loaded; no index on runs.state, so status updates stay HOT.)
+   */
   async runningRuns(shard: number): Promise<RunRow[]> {
-    const r = await this.pool.query("select * from runs where shard = $1 and state = 'running'", [shard]);
+    const r = await this.pool.query(`select r.* from tasks t
+      cross join lateral jsonb_array_elements_text(t.record->'context'->'inFlight') f(id)
+      join runs r on r.id = f.id
+      where t.shard = $1 and t.record->'context'->'inFlight' <> '[]'::jsonb and r.state = 'running'`, [shard]);
     return r.rows.map(toRun);
   }
   async lastRunOf(taskId: number): Promise<RunRow | null> {
@@ -579,8 +600,9 @@ function updateTasks(c: pg.PoolClient, rows: Array<TaskUpdate & { shard: number 
 
 /** `n` fresh ids from the table's id sequence (one round trip; returned as one comma-separated text, cheap to read). */
 async function reserveIds(c: pg.PoolClient, table: string, n: number): Promise<number[]> {
+  // The sequence is resolved once, not per row (pg_get_serial_sequence per row was ~5 µs an id).
   const r = await c.query({
-    text: "select string_agg(nextval(pg_get_serial_sequence($1, 'id'))::text, ',') as ids from generate_series(1, $2::int)",
+    text: "select string_agg(nextval(s.seq)::text, ',') as ids from (select pg_get_serial_sequence($1, 'id')::regclass as seq) s, generate_series(1, $2::int)",
     values: [table, n], rowMode: "array",
   });
   const text = String((r.rows[0] as unknown[])[0]);

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DueIndex, Store, findCycle, type NewTask, type RunInsert } from "../../actors/store/index.ts";
+import { DueIndex, LATEST_SCHEMA_VERSION, Store, findCycle, type NewTask, type RunInsert, type TaskUpdate } from "../../actors/store/index.ts";
 import { testNamespace, testConfig } from "../helpers.ts";
 
 const ns = testNamespace("store");
@@ -28,7 +28,7 @@ beforeAll(async () => {
   const other = new Store({ pgUrl: cfg.pgUrl, schema: ns });
   const [a, b] = await Promise.all([store.migrate(), other.migrate()]);
   await other.close();
-  expect([...a.applied, ...b.applied]).toEqual([1, 2, 3]);
+  expect([...a.applied, ...b.applied]).toEqual(Array.from({ length: LATEST_SCHEMA_VERSION }, (_, i) => i + 1));
   expect(await store.initShardCount(4)).toBe(4);
   expect(await store.initShardCount(64)).toBe(4); // fixed at creation
   await store.upsertExecutor("ex", "nats", null, 1000);
@@ -126,5 +126,23 @@ describe("store", () => {
     const removed = await store.pruneRuns(11, 7);
     expect(removed).toBe(29);
     expect(await store.getRun("old0")).not.toBeNull();
+  });
+
+  it("finds a shard's running runs through its tasks' in-flight lists, and only those", async () => {
+    const t = await store.createTask(newTask("inflight", { shardOf: () => 3 }));
+    const other = await store.createTask(newTask("idle", { shardOf: () => 3 }));
+    expect(await store.claimShard(3, "n1", 5, 1)).toBe(true);
+    const taskUpdate = (id: number, inFlight: string[]): TaskUpdate => ({
+      id, state: inFlight.length ? "running" : "success", record: { value: inFlight.length ? "running" : "success", context: { attempt: 1, inFlight } },
+      triggerSlots: {}, nextDueMs: null, nextSlotMs: null, nextTriggerId: null, nextSource: null, nextReason: null, nextCausedBy: null,
+    });
+    await store.writeBatch([{ shard: 3, epoch: 5, runInserts: [run("live1", t.id, 3, 5), run("done1", other.id, 3, 5)],
+      runUpdates: [{ id: "done1", state: "success", finishedMs: 6000 }], taskUpdates: [taskUpdate(t.id, ["live1"]), taskUpdate(other.id, [])] }]);
+    expect((await store.runningRuns(3)).map((r) => r.id)).toEqual(["live1"]);
+    // The run completes: the task's list empties in the same transaction, and the run is no longer found.
+    await store.writeBatch([{ shard: 3, epoch: 5, runInserts: [], runUpdates: [{ id: "live1", state: "success", finishedMs: 7000 }], taskUpdates: [taskUpdate(t.id, [])] }]);
+    expect(await store.runningRuns(3)).toEqual([]);
+    // The rebuild source for the due index reads the shard's tasks without the old partial index.
+    expect((await store.dueOfShard(3)).map((d) => d.id)).toEqual([]);
   });
 });
