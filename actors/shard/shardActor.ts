@@ -73,7 +73,8 @@ type Mail =
   | { t: "events"; events: RunEvent[]; instance: string; msg: JsMsg }
   | { t: "trigger"; trig: DependencyTrigger; msg: JsMsg }
   | { t: "cmd"; cmd: ShardCommand; reply: (r: CommandReply) => void }
-  | { t: "refill" };
+  /** Due entries taken from Redis for the near horizon (taken outside the round, see refill()). */
+  | { t: "refilled"; items: Array<{ id: number; dueMs: number }> };
 
 /** The effects of one round, applied after its write is durable. */
 interface Round {
@@ -120,6 +121,7 @@ export class ShardActor {
   private idleResolve: (() => void) | null = null;
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
   private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private refilling: Promise<void> | null = null;
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
@@ -156,7 +158,6 @@ export class ShardActor {
     this.state = "active";
     this.wheel.start();
     await this.refill();
-    this.scheduleRefill();
     await this.startConsumers();
     this.log.info({ tasksDue: dueRows.length, running: running.length, ms: Math.round(this.d.clock.monotonic() - t0) }, "shard:acquired");
   }
@@ -203,7 +204,7 @@ export class ShardActor {
 
   private scheduleRefill(): void {
     if (this.state !== "active") return;
-    this.refillTimer = this.d.clock.setTimeout(() => this.tell({ t: "refill" }), Math.max(200, Math.floor(this.horizonMs / 4)));
+    this.refillTimer = this.d.clock.setTimeout(() => { void this.refill(); }, Math.max(200, Math.floor(this.horizonMs / 4)));
   }
 
   tell(m: Mail): void {
@@ -267,6 +268,7 @@ export class ShardActor {
       if (m.t === "cmd") need.add(m.cmd.taskId);
       if (m.t === "trigger") need.add(m.trig.taskId);
       if (m.t === "events") for (const ev of m.events) { const r = this.inFlight.get(ev.runId); if (r) need.add(r.taskId); }
+      if (m.t === "refilled") for (const it of m.items) { const w = this.inWheel.get(it.id); if (w && w.dueMs !== it.dueMs) need.add(it.id); }
     }
     const missing = [...need].filter((id) => !this.live.has(id));
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
@@ -296,9 +298,8 @@ export class ShardActor {
         case "cmd":
           this.onCommand(round, m.cmd, m.reply, now, canFire);
           break;
-        case "refill":
-          await this.refill();
-          this.scheduleRefill();
+        case "refilled":
+          this.onRefilled(round, m.items);
           break;
       }
     }
@@ -661,21 +662,58 @@ export class ShardActor {
     return [...groups.values()].reduce((n, g) => n + g.runs.length, 0);
   }
 
-  private async refill(): Promise<void> {
-    if (this.state !== "active") return;
-    if (!(await this.d.due.isBuilt(this.shard))) {
-      this.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
-      await this.d.due.rebuild(this.shard, await this.d.store.dueOfShard(this.shard));
-    }
-    for (;;) {
-      const items = await this.d.due.takeDue(this.shard, this.d.clock.now() + this.horizonMs, 5000);
-      for (const it of items) {
-        const w = this.inWheel.get(it.id);
-        if (w && w.dueMs === it.dueMs) continue;
-        if (w) this.wheel.cancel(w.ref);
-        this.inWheel.set(it.id, { dueMs: it.dueMs, ref: this.wheel.add(it.dueMs, { k: 0, id: it.id }) });
+  /**
+   * Takes the near horizon's due entries out of Redis and mails them to the actor. The Redis
+   * calls run beside the rounds, not inside one: at thousands of runs a second a refill moves
+   * thousands of entries, and a round waiting for it held back every fire of the shard.
+   * One refill at a time; the next is scheduled when it ends.
+   */
+  private refill(): Promise<void> {
+    if (this.state !== "active" || this.refilling) return this.refilling ?? Promise.resolve();
+    this.refilling = (async () => {
+      try {
+        if (!(await this.d.due.isBuilt(this.shard))) {
+          this.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
+          await this.d.due.rebuild(this.shard, await this.d.store.dueOfShard(this.shard));
+        }
+        for (;;) {
+          if (this.state !== "active") break;
+          const items = await this.d.due.takeDue(this.shard, this.d.clock.now() + this.horizonMs, 5000);
+          if (items.length) this.tell({ t: "refilled", items });
+          if (items.length < 5000) break;
+        }
+      } catch (e) {
+        // Redis unreachable: entries not taken stay there; the next refill tries again.
+        this.log.warn({ err: String(e) }, "refill from the due index failed");
+      } finally {
+        this.refilling = null;
+        this.scheduleRefill();
       }
-      if (items.length < 5000) break;
+    })();
+    return this.refilling;
+  }
+
+  /**
+   * Entries from Redis into the wheel. An entry for a task already in the wheel at another time
+   * is one of the two copies of a reschedule still in flight (the round that moved it removes
+   * the old entry from Redis only after its write). Neither copy is trusted: the task's row,
+   * loaded for this round, says which time is current.
+   */
+  private onRefilled(round: Round, items: ReadonlyArray<{ id: number; dueMs: number }>): void {
+    for (const it of items) {
+      const w = this.inWheel.get(it.id);
+      if (w && w.dueMs === it.dueMs) continue;
+      let dueMs = it.dueMs;
+      if (w) {
+        const row = this.live.get(it.id)?.row;
+        if (!row || row.nextDueMs === null) continue; // deleted, or nothing due: onDue would skip either copy
+        if (row.nextDueMs === w.dueMs) continue;
+        this.wheel.cancel(w.ref);
+        this.inWheel.delete(it.id);
+        dueMs = row.nextDueMs;
+        if (dueMs > this.d.clock.now() + this.horizonMs) { round.redisAdd.push({ id: it.id, dueMs }); continue; }
+      }
+      this.inWheel.set(it.id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id: it.id }) });
     }
   }
 
@@ -688,6 +726,9 @@ export class ShardActor {
     this.wheel.stop();
     if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
     for (const c of this.consumers) await c.close().catch(() => undefined);
+    // A refill in flight has taken entries from Redis: let it finish so its mail is handled
+    // (and the entries come back to Redis with the rest of the wheel below).
+    await this.refilling?.catch(() => undefined);
     while (this.processing) await this.idle;
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);

@@ -5,6 +5,7 @@ import { names } from "../../common/index.ts";
 import type { AxNode } from "../../ops/node.ts";
 import type { AxClient } from "../../ops/client.ts";
 import type { RunContext } from "../../protocol/index.ts";
+import { DueIndex } from "../../actors/index.ts";
 import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
 
@@ -55,6 +56,22 @@ describe("single node end to end", () => {
     // The cadence follows the scheduled slots: due times are exactly 1 s apart.
     const dues = runs.map((r) => Date.parse(r.dueAt)).sort((a, b) => a - b);
     for (let i = 1; i < dues.length; i++) expect(dues[i]! - dues[i - 1]!).toBe(1000);
+  });
+
+  it("a stale due-index copy taken by a refill never replaces the task's current time in the wheel", async () => {
+    // A reschedule removes the old Redis entry only after its write; a refill in between takes
+    // that stale copy while the wheel already holds the current time. The row decides.
+    const dueAt = Date.now() + 4000;
+    await client.call("task.create", { name: "stale-copy", executor: "work", at: new Date(dueAt).toISOString() });
+    const t = await client.call<{ id: number; shard: number }>("task.show", { task: "stale-copy" });
+    const due = new DueIndex(tc.config.redisUrl, tc.ns);
+    try { await due.add(t.shard, [{ id: t.id, dueMs: dueAt - 2500 }]); } finally { await due.close(); }
+    await waitFor(() => startsOf("stale-copy").length === 1, 10_000, "stale-copy to run");
+    await sleep(500);
+    const s = startsOf("stale-copy");
+    expect(s).toHaveLength(1);
+    expect(s[0]!.scheduledAt).toBe(dueAt);
+    expect(s[0]!.at).toBeGreaterThanOrEqual(dueAt);
   });
 
   it("fixed-delay waits for completion before counting", async () => {
