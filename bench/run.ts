@@ -8,7 +8,7 @@
  *   --quick            scaled-down sizes (each scenario well under a minute)
  *   --tasks N          override the task count        --rate R   override the rate (seed-*)
  *   --no-peer          skip the BullMQ rows           --prof DIR write a CPU profile of the node
- *   --shards N (4)    --tick MS (10)                 --window S max-rate step length (10, quick 3)
+ *   --shards N (4)    --tick MS (20)                 --window S max-rate step length (10, quick 3)
  *   --budget S         max-rate sweep time bound (360, quick 60)
  *   --no-docs          do not touch docs/ or bench/results.json
  *   --docs-only        only rewrite docs/ from bench/results.json (and bench/analysis.md)
@@ -36,7 +36,7 @@ const log = (...a: unknown[]) => process.stderr.write(`[bench ${new Date().toISO
 
 const benchOpts: AxBenchOptions = {
   shards: num("shards") ?? 4,
-  tickMs: num("tick") ?? 10,
+  tickMs: num("tick") ?? 20,
   maxInFlight: num("max-in-flight") ?? 200_000,
   executorConcurrency: num("concurrency") ?? 4096,
   ...(num("event-flush") !== undefined ? { eventFlushMs: num("event-flush")! } : {}),
