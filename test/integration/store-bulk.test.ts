@@ -82,6 +82,25 @@ describe("bulk task creation", () => {
   });
 });
 
+describe("trigger set on the task row", () => {
+  it("equals the task's linked triggers, for bulk and single creation alike", async () => {
+    await store.createTasksBulk([spec("ts1"), spec("ts2", { every: "5s" }), { ...parseTaskSpec({ name: "ts3", executor: "ex", cron: "*/5 * * * *", tz: "Asia/Shanghai" }, NOW).task, upstreams: [] }], shardOf);
+    await store.createTask({ ...spec("ts4", { every: "7s" }), shardOf, upstreams: [] });
+    const r = await store.pool.query(`select t.name, t.trigger_set as copy,
+      coalesce((select jsonb_agg(jsonb_build_object('id', tr.id, 'kind', tr.kind, 'spec', tr.spec, 'enabled', tr.enabled) order by tr.id)
+        from task_triggers tt join triggers tr on tr.id = tt.trigger_id where tt.task_id = t.id), '[]'::jsonb) as linked
+      from tasks t where t.name like 'ts%' order by t.name`);
+    expect(r.rows.map((x) => x.name)).toEqual(["ts1", "ts2", "ts3", "ts4"]);
+    for (const row of r.rows) {
+      expect(row.copy).toEqual(row.linked);
+      expect(row.copy).toHaveLength(1);
+    }
+    // What the shard actors read is the copy, with the trigger's id (the slot bookkeeping keys on it).
+    const t3 = (await store.getTask("ts3"))!;
+    expect(t3.triggers).toEqual([{ id: t3.nextTriggerId, kind: "cron", spec: expect.objectContaining({ kind: "cron", expr: "*/5 * * * *", tz: "Asia/Shanghai" }), enabled: true }]);
+  });
+});
+
 describe("pipelined fenced batch", () => {
   it("writes the current shards and refuses the stale ones of one mixed batch", async () => {
     const a = (await store.getTask("b1"))!; const b = (await store.getTask("b2"))!;
