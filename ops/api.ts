@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
 import { decode, encode } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
-import type { BulkCreated, NewTask } from "../actors/store/index.ts";
+import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
 import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
@@ -210,25 +210,30 @@ export class Api {
     const defaults = a.defaults === undefined || a.defaults === null ? {} : a.defaults;
     if (typeof defaults !== "object" || Array.isArray(defaults)) throw new InvalidInputError("defaults", defaults, "must be an object (a partial task spec)");
     const now = this.d.clock.now();
+    const noDefaults = Object.keys(defaults).length === 0;
     const parsed: ParsedTaskSpec[] = new Array(list.length);
     const afterNames = new Set<string>();
     for (let i = 0; i < list.length; i++) {
       const item = list[i];
       if (item === null || typeof item !== "object" || Array.isArray(item)) throw new InvalidInputError(`tasks[${i}]`, item, "must be a task spec object");
       try {
-        parsed[i] = parseTaskSpec({ ...(defaults as Record<string, unknown>), ...(item as Record<string, unknown>) }, now);
+        // (no copy of each spec when there are no defaults: GC was a sixth of a bulk call's time)
+        parsed[i] = parseTaskSpec(noDefaults ? item as Record<string, unknown> : { ...(defaults as Record<string, unknown>), ...(item as Record<string, unknown>) }, now);
       } catch (e) { throw inItem(e, i); }
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
     const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
-    const tasks = parsed.map((p, i) => {
-      const upstreams: number[] = [];
+    const NO_UPSTREAMS: number[] = [];
+    const tasks: BulkNewTask[] = parsed.map((p, i) => {
+      const task = p.task as BulkNewTask; // parseTaskSpec's object is ours: completed in place, not copied
+      if (!p.after.length) { task.upstreams = NO_UPSTREAMS; return task; }
+      task.upstreams = [];
       for (const n of p.after) {
         const id = upIds.get(n);
         if (id === undefined) throw new InvalidInputError(`tasks[${i}].after`, n, "no such task (a bulk task may only depend on tasks that already exist)", "AX_E_NOT_FOUND");
-        upstreams.push(id);
+        task.upstreams.push(id);
       }
-      return { ...p.task, upstreams };
+      return task;
     });
     const created = await this.d.store.createTasksBulk(tasks, (id) => shardOfTask(id, this.d.shardCount));
     const byShard = new Map<number, Array<{ id: number; dueMs: number }>>();

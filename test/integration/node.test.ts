@@ -74,6 +74,28 @@ describe("single node end to end", () => {
     expect(s[0]!.at).toBeGreaterThanOrEqual(dueAt);
   });
 
+  it("task.bulkCreate applies defaults, links existing upstreams, runs an imminent one, and refuses a bad spec by its index", async () => {
+    const up = await client.call<{ id: number }>("task.create", { name: "bulk-up", executor: "work", every: "1h" });
+    const dueAt = Date.now() + 1500;
+    const r = await client.call<{ created: number; ids: number[] }>("task.bulkCreate", {
+      defaults: { executor: "work", retries: 2 }, returnIds: true,
+      tasks: [{ name: "bulk-a", every: "1h" }, { name: "bulk-b", after: ["bulk-up"] }, { name: "bulk-c", at: new Date(dueAt).toISOString() }],
+    });
+    expect(r.created).toBe(3);
+    expect(new Set(r.ids).size).toBe(3);
+    const b = await client.call<{ upstreams: Array<{ id: number; name: string }>; retries: number }>("task.show", { task: "bulk-b" });
+    expect(b.upstreams.map((u) => [u.id, u.name])).toEqual([[up.id, "bulk-up"]]);
+    expect(b.retries).toBe(2); // from defaults
+    await waitFor(() => startsOf("bulk-c").length === 1, 8000, "bulk-c to run");
+    expect(startsOf("bulk-c")[0]!.scheduledAt).toBe(dueAt);
+    // All or nothing, and the refusal names the spec: nothing of the batch exists afterwards.
+    await expect(client.call("task.bulkCreate", { defaults: { executor: "work" }, tasks: [{ name: "bulk-ok", every: "1h" }, { name: "bulk-bad", every: "1x" }] }))
+      .rejects.toMatchObject({ field: "tasks[1].every" });
+    await expect(client.call("task.bulkCreate", { tasks: [{ name: "bulk-orphan", executor: "work", every: "1h", after: ["no-such-task"] }] }))
+      .rejects.toMatchObject({ code: "AX_E_NOT_FOUND", field: "tasks[0].after", value: "no-such-task" });
+    await expect(client.call("task.show", { task: "bulk-ok" })).rejects.toMatchObject({ code: "AX_E_NOT_FOUND" });
+  });
+
   it("fixed-delay waits for completion before counting", async () => {
     hold.set("fd", 600);
     await client.call("task.create", { name: "fd", executor: "work", fixedDelay: "400ms" });
