@@ -27,6 +27,12 @@ export interface ShardActorDeps {
   wheelSize: number;
   /** How far ahead due times are taken from Redis into the wheel. */
   horizonMs?: number;
+  /**
+   * How often due entries are taken from Redis into the wheel (default 250 ms, at most a quarter
+   * of the horizon). Often and small: at 8,200 runs/s a refill every 2.5 s moved ~20k entries in
+   * one burst and showed as a p99 spike every 2.5 s.
+   */
+  refillEveryMs?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
   /**
@@ -125,6 +131,8 @@ export class ShardActor {
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
+  private readonly refillEveryMs: number;
+  private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
@@ -133,6 +141,7 @@ export class ShardActor {
     this.d = deps;
     this.log = deps.log.child({ shard, epoch });
     this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
+    this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
       onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),
@@ -204,7 +213,10 @@ export class ShardActor {
 
   private scheduleRefill(): void {
     if (this.state !== "active") return;
-    this.refillTimer = this.d.clock.setTimeout(() => { void this.refill(); }, Math.max(200, Math.floor(this.horizonMs / 4)));
+    // The first one after loading at a random point of the period, so the shards of a node do not
+    // all refill in the same instant.
+    const delay = this.refills++ === 0 ? Math.floor((this.d.random ?? Math.random)() * this.refillEveryMs) : this.refillEveryMs;
+    this.refillTimer = this.d.clock.setTimeout(() => { void this.refill(); }, delay);
   }
 
   tell(m: Mail): void {
