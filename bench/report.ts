@@ -35,7 +35,7 @@ function targets(all: Stored[]): string {
   const mark = (ok: boolean | null) => (ok === null ? "not run" : ok ? "met" : "**not met**");
   const s5 = get("seed-500k"); const mr = get("max-rate"); const mrb = get("max-rate", "bullmq"); const idle = get("idle-1m"); const cr = get("create");
   const rows = [
-    ["seed-500k p99 ≤ 50 ms, 0 lost, 0 duplicated", s5 ? `p99 ${s5.latencyMs?.p99} ms, lost ${s5.lost}, dup ${s5.duplicated}` : "–",
+    ["seed-500k p99 ≤ 50 ms, 0 lost, 0 duplicated", s5 ? `p99 ${s5.latencyMs?.p99} ms (after the first 5 s: ${fmt((s5.steadyLatencyMs as LatencySummary | null | undefined)?.p99)} ms), lost ${s5.lost}, dup ${s5.duplicated}` : "–",
       mark(s5 ? (s5.latencyMs?.p99 ?? Infinity) <= 50 && s5.lost === 0 && s5.duplicated === 0 : null)],
     ["max-rate ≥ 20,000 runs/s at p99 ≤ 100 ms", mr ? `${mr.rate}/s (p99 ${mr.latencyMs?.p99} ms)` : "–", mark(mr ? (mr.rate ?? 0) >= 20_000 : null)],
     ["max-rate ahead of BullMQ", mrb ? `ax ${mr?.rate}/s vs BullMQ ${mrb.rate}/s (×${mrb.ratio})` : "–", mark(mrb && mr ? (mr.rate ?? 0) > (mrb.rate ?? 0) : null)],
@@ -70,11 +70,11 @@ function pickPlot(all: Stored[]): Stored | null {
 const fmt = (v: unknown) => (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v)) ? "–" : typeof v === "number" ? String(v) : String(v));
 
 function table(rows: Stored[]): string {
-  const head = "| scenario | system | tasks | rate /s | achieved /s | p50 ms | p90 ms | p99 ms | max ms | lost | dup | node CPU s | node RSS MB | servers CPU s | ratio ax/BullMQ | date | commit |";
-  const sep = "|" + "---|".repeat(17);
+  const head = "| scenario | system | tasks | rate /s | achieved /s | p50 ms | p90 ms | p99 ms | p99 after 5 s ms | max ms | lost | dup | node CPU s | node RSS MB | servers CPU s | ratio ax/BullMQ | date | commit |";
+  const sep = "|" + "---|".repeat(18);
   const lines = rows.sort((a, b) => ORDER.indexOf(a.row.scenario) - ORDER.indexOf(b.row.scenario) || (a.row.peer ? 1 : 0) - (b.row.peer ? 1 : 0)).map(({ row: r, date, commit }) => {
-    const l = r.latencyMs;
-    return `| ${r.scenario} | ${r.peer ?? "ax"} | ${r.tasks} | ${fmt(r.rate)} | ${fmt(r.achievedRate)} | ${fmt(l?.p50)} | ${fmt(l?.p90)} | ${fmt(l?.p99)} | ${fmt(l?.max)} | ${r.lost} | ${r.duplicated} | ${r.nodeCpuS} | ${r.nodeRssMb} | ${r.serversCpuS} | ${fmt(r.ratio)} | ${date.slice(0, 16).replace("T", " ")} | ${commit} |`;
+    const l = r.latencyMs; const steady = r.steadyLatencyMs as LatencySummary | null | undefined;
+    return `| ${r.scenario} | ${r.peer ?? "ax"} | ${r.tasks} | ${fmt(r.rate)} | ${fmt(r.achievedRate)} | ${fmt(l?.p50)} | ${fmt(l?.p90)} | ${fmt(l?.p99)} | ${fmt(steady?.p99)} | ${fmt(l?.max)} | ${r.lost} | ${r.duplicated} | ${r.nodeCpuS} | ${r.nodeRssMb} | ${r.serversCpuS} | ${fmt(r.ratio)} | ${date.slice(0, 16).replace("T", " ")} | ${commit} |`;
   });
   return [head, sep, ...lines].join("\n");
 }
@@ -133,6 +133,9 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
   (µs resolution, 3 significant digits). Every run goes through the whole path: wheel → round →
   fenced batch write to PostgreSQL → dispatch over JetStream → executor → started/completed events
   → fenced writes of the run and task rows.
+- **p99 after 5 s** = the same percentile over the runs due after the first 5 s of the run, for
+  ax and BullMQ alike: the steady state without the cold start (fresh processes: JIT, first plans),
+  which is about 3 % of a 500k run and sets its whole-run p99. The targets read the whole-run p99.
 - **lost** = tasks that never ran; **duplicated** = tasks whose handler ran more than once.
 - **achieved** = runs per second between the first and the last handler start (burst: runs / time
   from the due instant to the last start; create: tasks registered per second).

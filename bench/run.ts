@@ -53,7 +53,7 @@ function row(scenario: string, tasks: number, rate: number | null, s: RecorderSu
     ? Math.round((s.runs - 1) / ((s.lastStartMs - s.firstStartMs) / 1000)) : null;
   return {
     scenario, tasks, rate, achievedRate: achieved,
-    latencyMs: s ? s.latencyMs : null, lost: s ? s.lost : 0, duplicated: s ? s.duplicated : 0,
+    latencyMs: s ? s.latencyMs : null, steadyLatencyMs: s ? s.steadyLatencyMs : null, lost: s ? s.lost : 0, duplicated: s ? s.duplicated : 0,
     nodeCpuS: r2(u1.cpuS - u0.cpuS), ...(u1.sysS !== undefined && u0.sysS !== undefined ? { nodeSysS: r2(u1.sysS - u0.sysS) } : {}),
     nodeRssMb: r1(Math.max(u1.rssMb, u0.rssMb)), serversCpuS: sv.total, serversCpu: sv,
     ...(s?.breakdownMs ? { breakdownMs: s.breakdownMs } : {}), ...extra,
@@ -108,7 +108,8 @@ async function seedScenario(name: string, defTasks: number, defRate: number, emi
     peerRow = row(name, tasks, rate, peerRes.s, peerRes.u0, peerRes.u1, peerRes.sv, { peer: "bullmq" });
     const p99 = axRow.latencyMs && peerRow.latencyMs ? r2(axRow.latencyMs.p99 / peerRow.latencyMs.p99) : null;
     peerRow.ratio = p99;
-    peerRow.ratios = { p99, p50: axRow.latencyMs && peerRow.latencyMs ? r2(axRow.latencyMs.p50 / peerRow.latencyMs.p50) : null,
+    const ax5 = axRow.steadyLatencyMs as { p99: number } | null; const peer5 = peerRow.steadyLatencyMs as { p99: number } | null;
+    peerRow.ratios = { p99, steadyP99: ax5 && peer5 ? r2(ax5.p99 / peer5.p99) : null, p50: axRow.latencyMs && peerRow.latencyMs ? r2(axRow.latencyMs.p50 / peerRow.latencyMs.p50) : null,
       nodeCpuS: peerRow.nodeCpuS ? r2(axRow.nodeCpuS / peerRow.nodeCpuS) : null, serversCpuS: peerRow.serversCpuS ? r2(axRow.serversCpuS / peerRow.serversCpuS) : null };
   }
   emit(axRow, { ax: ax.s.series, ...(peerRes ? { peer: peerRes.s.series } : {}) });
