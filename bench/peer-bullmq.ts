@@ -16,7 +16,10 @@ import { Redis } from "ioredis";
 import { Recorder, wallNow, type RecorderSummary } from "./recorder.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
 import type { NodeUsage } from "./harness.ts";
-import { nextSweepRate } from "./sweep.ts";
+import { nextSweepRate, sweepWarmUp } from "./sweep.ts";
+
+/** The warm-up step's id (measured steps are 0, 1, …). */
+const WARM_UP_STEP = 1000;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -133,6 +136,10 @@ export async function runBullSweep(o: { start: number; windowS: number; budgetS:
   const steps: SweepStep[] = [];
   let best: PeerResult | null = null;
   try {
+    const warm = sweepWarmUp(o.start, o.windowS);
+    o.log(`bullmq max-rate warm-up: ${warm.tasks} jobs at ${warm.rate}/s (not measured)`);
+    await b.seed(WARM_UP_STEP, warm.tasks, warm.rate);
+    await sleep(1000);
     const t0 = Date.now();
     let lo = 0; let hi = Infinity; let rate = o.start; let step = 0;
     while ((Date.now() - t0) / 1000 < o.budgetS && step < 12) {

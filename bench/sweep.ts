@@ -9,3 +9,12 @@ export function nextSweepRate(rate: number, lo: number, hi: number): number | nu
   if (hi / lo > 1.1) return Math.round((lo + hi) / 2);
   return null;
 }
+
+/**
+ * The unmeasured step both sweeps run first on their fresh processes: half the start rate for
+ * half a window (at most 5 s). Without it the first measured step also measured the cold start.
+ */
+export function sweepWarmUp(start: number, windowS: number): { rate: number; tasks: number } {
+  const rate = Math.max(1, Math.round(start / 2));
+  return { rate, tasks: Math.round(rate * Math.min(5, windowS / 2)) };
+}

@@ -183,7 +183,8 @@ export class LeaseView {
       for await (const k of await this.kv.keys()) keys.push(k);
       await Promise.all(keys.map(async (k) => { const e = await this.kv.get(k); if (e) this.apply(e, false); }));
     } catch (e) {
-      this.log.warn({ err: String(e) }, "lease listing failed; the watch view is used as is");
+      // A listing cut off by stop() (the connection drains) is expected, not worth a warning.
+      if (!this.stopped) this.log.warn({ err: String(e) }, "lease listing failed; the watch view is used as is");
     }
     if (!this.stopped) this.resyncTimer = this.clock.setTimeout(() => { void this.resync(); }, this.resyncMs);
   }

@@ -1,0 +1,17 @@
+import { describe, expect, it } from "vitest";
+import { nextSweepRate, sweepWarmUp } from "../../bench/sweep.ts";
+
+describe("max-rate sweep (shared by ax and the BullMQ peer)", () => {
+  it("grows by 1.5x while passing, halves until a pass, then bisects to within 10 %", () => {
+    expect(nextSweepRate(6000, 6000, Infinity)).toBe(9000);
+    expect(nextSweepRate(6000, 0, 6000)).toBe(3000);
+    expect(nextSweepRate(9000, 6000, 9000)).toBe(7500);
+    expect(nextSweepRate(6300, 6000, 6500)).toBeNull();
+  });
+
+  it("warms up at half the start rate for half a window, at most 5 s", () => {
+    expect(sweepWarmUp(6000, 10)).toEqual({ rate: 3000, tasks: 15_000 });
+    expect(sweepWarmUp(4000, 3)).toEqual({ rate: 2000, tasks: 3000 });
+    expect(sweepWarmUp(1, 10)).toEqual({ rate: 1, tasks: 5 });
+  });
+});
