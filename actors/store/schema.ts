@@ -166,6 +166,20 @@ update tasks t set trigger_set = coalesce((select jsonb_agg(jsonb_build_object('
   from task_triggers tt join triggers tr on tr.id = tt.trigger_id where tt.task_id = t.id), '[]'::jsonb);
 `,
   },
+  {
+    version: 6,
+    name: "dependency flags on the task row",
+    // The shard actors' fetch looked up every task's upstreams and downstreams (4.6 µs of
+    // PostgreSQL CPU a row) although most tasks have neither. Bit 1: has upstreams, bit 2: has
+    // downstreams. Every edge insert sets them in its transaction; a removal recomputes them under
+    // the graph lock. A bit left set after a task is deleted only costs the lookup it guards.
+    sql: `
+alter table tasks add column dep_flags smallint not null default 0;
+update tasks t set dep_flags = (case when exists (select 1 from dependencies d where d.downstream = t.id) then 1 else 0 end)
+  | (case when exists (select 1 from dependencies d where d.upstream = t.id) then 2 else 0 end)
+  where exists (select 1 from dependencies d where d.downstream = t.id or d.upstream = t.id);
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

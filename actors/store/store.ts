@@ -10,8 +10,8 @@ const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_atte
   t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
   t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
   t.trigger_set as triggers,
-  coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') as upstreams,
-  exists (select 1 from dependencies d where d.upstream = t.id) as has_downstreams`;
+  case when t.dep_flags & 1 <> 0 then coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') else '{}' end as upstreams,
+  case when t.dep_flags & 2 <> 0 then exists (select 1 from dependencies d where d.upstream = t.id) else false end as has_downstreams`;
 
 type Row = Record<string, unknown>;
 
@@ -255,7 +255,7 @@ export class Store {
         const payload = t.payload === null || t.payload === undefined ? "null" : cp(JSON.stringify(t.payload));
         T.line(`${id}\t${cp(t.name)}\t${cp(t.executor)}\t${payload}\t${t.timeoutMs}\t${t.maxAttempts}\t${t.backoffMs}\t${t.backoffMaxMs}\t${cp(t.misfire)}\t${
           cp(t.overlap)}\t${shard}\t${cp(t.state)}\t${rec}\t{}\t${cp(t.nextDueMs)}\t${cp(t.nextSlotMs)}\t${cp(firstTrigger)}\t${cp(t.nextSource)}\t${
-          cp(t.nextReason)}\t\\N\t${t.nowMs}\t${t.nowMs}\t${cp(`[${set}]`)}`);
+          cp(t.nextReason)}\t\\N\t${t.nowMs}\t${t.nowMs}\t${cp(`[${set}]`)}\t${t.upstreams.length ? 1 : 0}`);
         for (const up of t.upstreams) { edges.d.push(id); edges.u.push(up); }
         out[i] = { id, name: t.name, shard, nextDueMs: t.nextDueMs };
       }
@@ -264,7 +264,7 @@ export class Store {
       try {
         await copyIn(c, `copy tasks (id, name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
           shard, state, record, trigger_slots, next_due_ms, next_slot_ms, next_trigger_id, next_source, next_reason, next_caused_by,
-          created_ms, updated_ms, trigger_set) from stdin`, T.chunks());
+          created_ms, updated_ms, trigger_set, dep_flags) from stdin`, T.chunks());
       } catch (e) {
         const err = e as { code?: string; detail?: string };
         if (err.code === "23505") {
@@ -279,6 +279,7 @@ export class Store {
         await c.query(
           `insert into dependencies (downstream, upstream, created_ms) select d, u, $3 from unnest($1::bigint[], $2::bigint[]) x(d, u)
            on conflict do nothing`, [edges.d, edges.u, tasks[0]!.nowMs]);
+        await c.query("update tasks set dep_flags = dep_flags | 2 where id = any($1::bigint[]) and dep_flags & 2 = 0", [[...new Set(edges.u)]]);
       }
       await c.query("commit");
       // A table that doubled since its statistics were taken (or never had any) gets them soon:
@@ -409,6 +410,8 @@ export class Store {
       throw new AxError("AX_E_CYCLE", `dependency would close a cycle: ${path.join(" → ")}`, { field: "after", value: path });
     }
     await c.query("insert into dependencies (downstream, upstream, created_ms) values ($1, $2, $3) on conflict do nothing", [downstream, upstream, nowMs]);
+    // In the edge's transaction: a fetch that sees the edge sees the flags (see migration 6).
+    await c.query("update tasks set dep_flags = dep_flags | (case when id = $1 then 1 else 2 end) where id in ($1, $2)", [downstream, upstream]);
   }
 
   addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> {
@@ -418,9 +421,20 @@ export class Store {
     });
   }
 
-  async removeDependency(downstream: number, upstream: number): Promise<boolean> {
-    const r = await this.pool.query("delete from dependencies where downstream = $1 and upstream = $2", [downstream, upstream]);
-    return (r.rowCount ?? 0) > 0;
+  /**
+   * Removes an edge and recomputes both ends' dependency flags. Under the graph lock: a
+   * recompute racing an edge added at the same time could not see that edge and would clear a
+   * flag it needs (its downstream would then never be told of the upstream's outcome).
+   */
+  removeDependency(downstream: number, upstream: number): Promise<boolean> {
+    return this.transaction(async (c) => {
+      await this.lockGraph(c);
+      const r = await c.query("delete from dependencies where downstream = $1 and upstream = $2", [downstream, upstream]);
+      if (!r.rowCount) return false;
+      await c.query(`update tasks t set dep_flags = (case when exists (select 1 from dependencies d where d.downstream = t.id) then 1 else 0 end)
+        | (case when exists (select 1 from dependencies d where d.upstream = t.id) then 2 else 0 end) where t.id in ($1, $2)`, [downstream, upstream]);
+      return true;
+    });
   }
 
   async downstreamsOf(upstream: number): Promise<Array<{ id: number; name: string; shard: number }>> {

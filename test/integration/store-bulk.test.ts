@@ -101,6 +101,29 @@ describe("trigger set on the task row", () => {
   });
 });
 
+describe("dependency flags on the task row", () => {
+  const flags = async (name: string) => Number((await store.pool.query("select dep_flags from tasks where name = $1", [name])).rows[0].dep_flags);
+  it("are set with every edge (bulk, single, deps add) and recomputed when an edge goes", async () => {
+    const [up] = await store.createTasksBulk([spec("df-up")], shardOf);
+    const [down] = await store.createTasksBulk([{ ...spec("df-down"), upstreams: [up!.id] }, spec("df-none")], shardOf);
+    const single = await store.createTask({ ...spec("df-single"), shardOf, upstreams: [up!.id] });
+    expect([await flags("df-up"), await flags("df-down"), await flags("df-none"), await flags("df-single")]).toEqual([2, 1, 0, 1]);
+    // What the shard actors read follows the edges.
+    expect((await store.getTask("df-up"))!.hasDownstreams).toBe(true);
+    expect((await store.getTask("df-down"))!.upstreams).toEqual([up!.id]);
+    expect((await store.getTask("df-none"))!).toMatchObject({ upstreams: [], hasDownstreams: false });
+    await store.addDependency(single.id, down!.id, 1);
+    expect([await flags("df-down"), await flags("df-single")]).toEqual([3, 1]);
+    // Removing one of two out-edges keeps the upstream flagged; removing the last clears it.
+    expect(await store.removeDependency(down!.id, up!.id)).toBe(true);
+    expect([await flags("df-up"), await flags("df-down")]).toEqual([2, 2]);
+    expect(await store.removeDependency(single.id, up!.id)).toBe(true);
+    expect(await flags("df-up")).toBe(0);
+    expect((await store.getTask("df-up"))!.hasDownstreams).toBe(false);
+    expect(await store.removeDependency(single.id, up!.id)).toBe(false);
+  });
+});
+
 describe("pipelined fenced batch", () => {
   it("writes the current shards and refuses the stale ones of one mixed batch", async () => {
     const a = (await store.getTask("b1"))!; const b = (await store.getTask("b2"))!;
