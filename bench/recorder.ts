@@ -42,7 +42,7 @@ const summarize = (h: ReturnType<typeof newHist>): LatencySummary => {
  * (start, lateness) pairs for the lateness-over-time plot.
  */
 export class Recorder {
-  private hist = newHist();
+  private readonly hist = newHist();
   private steadyHist = newHist();
   private counts: Uint8Array;
   private starts: number[] = [];
@@ -59,8 +59,8 @@ export class Recorder {
   /** Number of distinct tasks that ran at least once. */
   distinct = 0;
 
-  private fireHist = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: 2 });
-  private deliverHist = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: 2 });
+  private fireHist = newHist(2);
+  private deliverHist = newHist(2);
   /** `firedMs` (when the scheduler decided to fire) splits the lateness into its two halves. */
   record(index: number, dueMs: number, startMs = wallNow(), firedMs?: number): void {
     const late = Math.max(0, startMs - dueMs);

@@ -108,7 +108,7 @@ async function seedScenario(name: string, defTasks: number, defRate: number, emi
     peerRow = row(name, tasks, rate, peerRes.s, peerRes.u0, peerRes.u1, peerRes.sv, { peer: "bullmq" });
     const p99 = axRow.latencyMs && peerRow.latencyMs ? r2(axRow.latencyMs.p99 / peerRow.latencyMs.p99) : null;
     peerRow.ratio = p99;
-    const ax5 = axRow.steadyLatencyMs as { p99: number } | null; const peer5 = peerRow.steadyLatencyMs as { p99: number } | null;
+    const ax5 = axRow.steadyLatencyMs; const peer5 = peerRow.steadyLatencyMs;
     peerRow.ratios = { p99, steadyP99: ax5 && peer5 ? r2(ax5.p99 / peer5.p99) : null, p50: axRow.latencyMs && peerRow.latencyMs ? r2(axRow.latencyMs.p50 / peerRow.latencyMs.p50) : null,
       nodeCpuS: peerRow.nodeCpuS ? r2(axRow.nodeCpuS / peerRow.nodeCpuS) : null, serversCpuS: peerRow.serversCpuS ? r2(axRow.serversCpuS / peerRow.serversCpuS) : null };
   }

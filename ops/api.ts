@@ -223,16 +223,13 @@ export class Api {
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
     const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
-    const NO_UPSTREAMS: number[] = [];
     const tasks: BulkNewTask[] = parsed.map((p, i) => {
       const task = p.task as BulkNewTask; // parseTaskSpec's object is ours: completed in place, not copied
-      if (!p.after.length) { task.upstreams = NO_UPSTREAMS; return task; }
-      task.upstreams = [];
-      for (const n of p.after) {
+      task.upstreams = p.after.map((n) => {
         const id = upIds.get(n);
         if (id === undefined) throw new InvalidInputError(`tasks[${i}].after`, n, "no such task (a bulk task may only depend on tasks that already exist)", "AX_E_NOT_FOUND");
-        task.upstreams.push(id);
-      }
+        return id;
+      });
       return task;
     });
     const created = await this.d.store.createTasksBulk(tasks, (id) => shardOfTask(id, this.d.shardCount));

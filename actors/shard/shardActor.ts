@@ -714,18 +714,13 @@ export class ShardActor {
   private onRefilled(round: Round, items: ReadonlyArray<{ id: number; dueMs: number }>): void {
     for (const it of items) {
       const w = this.inWheel.get(it.id);
-      if (w && w.dueMs === it.dueMs) continue;
-      let dueMs = it.dueMs;
-      if (w) {
-        const row = this.live.get(it.id)?.row;
-        if (!row || row.nextDueMs === null) continue; // deleted, or nothing due: onDue would skip either copy
-        if (row.nextDueMs === w.dueMs) continue;
-        this.wheel.cancel(w.ref);
-        this.inWheel.delete(it.id);
-        dueMs = row.nextDueMs;
-        if (dueMs > this.d.clock.now() + this.horizonMs) { round.redisAdd.push({ id: it.id, dueMs }); continue; }
-      }
-      this.inWheel.set(it.id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id: it.id }) });
+      if (!w) { this.schedule(round, it.id, it.dueMs); continue; }
+      if (w.dueMs === it.dueMs) continue;
+      const row = this.live.get(it.id)?.row;
+      if (!row || row.nextDueMs === null || row.nextDueMs === w.dueMs) continue; // the wheel's copy stands (or onDue skips both)
+      this.wheel.cancel(w.ref);
+      this.inWheel.delete(it.id);
+      this.schedule(round, it.id, row.nextDueMs);
     }
   }
 

@@ -174,15 +174,16 @@ export class Store {
         throw e;
       }
       let firstTrigger: number | null = null;
-      const set: TriggerRow[] = [];
+      const set: string[] = [];
       for (const tr of t.triggers) {
-        const r = await c.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [tr.kind, JSON.stringify(tr.spec), t.nowMs]);
+        const spec = JSON.stringify(tr.spec);
+        const r = await c.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [tr.kind, spec, t.nowMs]);
         const trId = r.rows[0].id as number;
         firstTrigger ??= trId;
-        set.push({ id: trId, kind: tr.kind, spec: tr.spec, enabled: true });
+        set.push(triggerSetEntry(trId, tr.kind, spec));
         await c.query("insert into task_triggers (task_id, trigger_id) values ($1, $2)", [id, trId]);
       }
-      if (set.length) await c.query("update tasks set next_trigger_id = $2, trigger_set = $3 where id = $1", [id, firstTrigger, JSON.stringify(set)]);
+      if (set.length) await c.query("update tasks set next_trigger_id = $2, trigger_set = $3 where id = $1", [id, firstTrigger, `[${set.join(",")}]`]);
       for (const up of t.upstreams) await this.insertEdge(c, id, up, t.nowMs);
       await c.query("commit");
     } catch (e) {
@@ -240,22 +241,21 @@ export class Store {
         const id = ids[i]!;
         const shard = shardOf(id);
         let firstTrigger: number | null = null;
-        let set = "";
+        const set: string[] = [];
         for (const tr of t.triggers) {
           const trId = trIds[k++]!;
           firstTrigger ??= trId;
           const spec = JSON.stringify(tr.spec);
           TR.line(`${trId}\t${cp(tr.kind)}\t${cp(spec)}\tt\t${t.nowMs}`);
           TT.line(`${id}\t${trId}`);
-          // The task row's copy of its trigger set (kind is one of four fixed words: no escaping).
-          set += `${set ? "," : ""}{"id":${trId},"kind":"${tr.kind}","spec":${spec},"enabled":true}`;
+          set.push(triggerSetEntry(trId, tr.kind, spec));
         }
         let rec = recordJson.get(t.record);
         if (rec === undefined) { rec = cp(JSON.stringify(t.record)); recordJson.set(t.record, rec); }
         const payload = t.payload === null || t.payload === undefined ? "null" : cp(JSON.stringify(t.payload));
         T.line(`${id}\t${cp(t.name)}\t${cp(t.executor)}\t${payload}\t${t.timeoutMs}\t${t.maxAttempts}\t${t.backoffMs}\t${t.backoffMaxMs}\t${cp(t.misfire)}\t${
           cp(t.overlap)}\t${shard}\t${cp(t.state)}\t${rec}\t{}\t${cp(t.nextDueMs)}\t${cp(t.nextSlotMs)}\t${cp(firstTrigger)}\t${cp(t.nextSource)}\t${
-          cp(t.nextReason)}\t\\N\t${t.nowMs}\t${t.nowMs}\t${cp(`[${set}]`)}\t${t.upstreams.length ? 1 : 0}`);
+          cp(t.nextReason)}\t\\N\t${t.nowMs}\t${t.nowMs}\t${cp(`[${set.join(",")}]`)}\t${t.upstreams.length ? 1 : 0}`);
         for (const up of t.upstreams) { edges.d.push(id); edges.u.push(up); }
         out[i] = { id, name: t.name, shard, nextDueMs: t.nextDueMs };
       }
@@ -616,6 +616,14 @@ function updateTasks(c: pg.PoolClient, rows: Array<TaskUpdate & { shard: number 
      where t.id = u.id and u.shard in (select shard from ok)`,
     values: [JSON.stringify(data), shards, epochs, Date.now()],
   });
+}
+
+/**
+ * One element of `tasks.trigger_set` (migration 5), in the shape the fetch returns as a TriggerRow.
+ * `specJson` is the spec already serialized for the triggers row; kind is one of four fixed words.
+ */
+function triggerSetEntry(id: number, kind: TriggerRow["kind"], specJson: string): string {
+  return `{"id":${id},"kind":"${kind}","spec":${specJson},"enabled":true}`;
 }
 
 /** The id sequence of each table, resolved once per schema (tables never change sequence). */
