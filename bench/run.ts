@@ -14,8 +14,10 @@
  *   --docs-only        only rewrite docs/ from bench/results.json (and bench/analysis.md)
  *   --verbose          PostgreSQL counters and persister stats per step (stderr)
  *   --node-flags "..." extra Node/V8 flags for the node process; --event-flush MS executor event flush
+ *   --series FILE      also write each row's per-second lateness series to FILE (JSON lines)
  */
 import { execSync } from "node:child_process";
+import { appendFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { AxBench, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
@@ -32,6 +34,7 @@ const num = (name: string): number | undefined => { const v = opt(name); return 
 const quick = flag("quick");
 const verbose = flag("verbose");
 const peer = !flag("no-peer");
+const seriesFile = opt("series");
 const log = (...a: unknown[]) => process.stderr.write(`[bench ${new Date().toISOString().slice(11, 19)}] ${a.map((x) => (typeof x === "string" ? x : JSON.stringify(x))).join(" ")}\n`);
 
 const benchOpts: AxBenchOptions = {
@@ -69,6 +72,7 @@ async function axSeed(b: AxBench, prefix: string, tasks: number, rate: number): 
   const cr = await b.bulkCreate(prefix, tasks, dueOf);
   if (Date.now() > T0 - 1000) log(`warning: creating ${tasks} tasks took ${Math.round(cr.ms)}ms, close to the lead of ${leadMs}ms`);
   await sleep(Math.max(0, T0 - 300 - Date.now()));
+  log(`created ${tasks} tasks in ${Math.round(cr.ms)}ms; the first is due at ${new Date(T0).toISOString().slice(11, 23)}`);
   await b.profStart();
   const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage();
   const u0 = await b.usage(); const s0 = serversCpu(); const pg0 = verbose ? await b.pgStats() : null;
@@ -258,6 +262,7 @@ async function main(): Promise<void> {
     const out = { ...r, quick, shards: benchOpts.shards, tickMs: benchOpts.tickMs };
     process.stdout.write(JSON.stringify(out) + "\n");
     rows.push({ row: out, ...(series ? { series } : {}) });
+    if (seriesFile && series) appendFileSync(seriesFile, JSON.stringify({ scenario: out.scenario, ...series }) + "\n");
   };
   for (const n of names) {
     try { await SCENARIOS[n]!(emit); } catch (e) { log(`${n} failed: ${(e as Error).stack ?? e}`); process.exitCode = 1; }

@@ -236,7 +236,8 @@ export class Executor {
     this.active.set(run.runId, { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac, shard, taskId: run.taskId });
     this.ensureSweeper();
     this.stats.runs++;
-    this.emit(shard, { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now() });
+    const started: RunEvent = { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now() };
+    const startedUnsentIn = this.emit(shard, started);
     let failure: Failure | null = null;
     try {
       // The handler runs in a microtask, as before (a synchronous throw is a failure like a rejection).
@@ -261,12 +262,15 @@ export class Executor {
     }
     this.active.delete(run.runId);
     this.remember(run.runId);
-    if (failure) {
-      this.stats.failed++;
-      this.emit(shard, { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure });
+    if (failure) this.stats.failed++; else this.stats.succeeded++;
+    const end: RunEvent = failure
+      ? { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure }
+      : { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() };
+    if (this.pending.get(shard) === startedUnsentIn) {
+      // The start was not sent yet (short run): the end takes its place and carries its time.
+      Object.assign(started, end, { startedAt: started.at });
     } else {
-      this.stats.succeeded++;
-      this.emit(shard, { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() });
+      this.emit(shard, end);
     }
   }
 
@@ -294,12 +298,14 @@ export class Executor {
     if (this.finished.size >= this.finishedCap) { this.finishedOld = this.finished; this.finished = new Set(); }
   }
 
-  private emit(shard: number, ev: RunEvent): void {
+  /** Buffers an event; returns the buffer it went into (still unsent while it is `pending`'s). */
+  private emit(shard: number, ev: RunEvent): RunEvent[] {
     let list = this.pending.get(shard);
     if (!list) { list = []; this.pending.set(shard, list); }
     list.push(ev);
     if (list.length >= 500) void this.flush();
     else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush(); }, this.opts.eventFlushMs ?? 5);
+    return list;
   }
 
   /** Publishes every buffered event; resolves when JetStream stored them (and anything flushed before). */

@@ -44,6 +44,12 @@ export const RunEventSchema = z.object({
   taskId: z.number().int().positive(),
   at: ms,
   error: FailureSchema.optional(),
+  /**
+   * On `completed` / `failed` only: when the run started. An executor whose `started` event was
+   * still unsent when the run ended sends this instead of the `started` event (one event and one
+   * row update fewer per short run); the scheduler records it as the start.
+   */
+  startedAt: ms.optional(),
 });
 
 /** Subject `<ns>.events.<shard>`, published by executors. */

@@ -4,7 +4,7 @@ import { jetstream } from "@nats-io/jetstream";
 import { names } from "../../common/index.ts";
 import type { AxNode } from "../../ops/node.ts";
 import type { AxClient } from "../../ops/client.ts";
-import type { RunContext } from "../../protocol/index.ts";
+import { EventBatchSchema, decode, type RunContext, type RunEvent } from "../../protocol/index.ts";
 import { DueIndex } from "../../actors/index.ts";
 import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
@@ -118,6 +118,33 @@ describe("single node end to end", () => {
     expect(startsOf("once-at")).toHaveLength(1);
     const t = await client.call<{ state: string; nextDueAt: string | null }>("task.show", { task: "once-d" });
     expect(t).toMatchObject({ state: "success", nextDueAt: null });
+  });
+
+  it("a short run's end carries its start (one event), a long run sends started then completed; both record start and instance", async () => {
+    hold.set("quick", 0);
+    hold.set("slow", 300); // far longer than the executor's event flush (5 ms)
+    const seen: RunEvent[] = [];
+    const sub = nc.subscribe(names(tc.ns).eventsWildcard, { callback: (_e, m) => {
+      const d = decode(EventBatchSchema, m.data);
+      if (d.ok) seen.push(...d.value.events);
+    } });
+    await nc.flush();
+    await client.call("task.create", { name: "quick", executor: "work", delay: "200ms" });
+    await client.call("task.create", { name: "slow", executor: "work", delay: "200ms" });
+    await waitFor(async () => (await runsOf("quick")).some((r) => r.state === "success")
+      && (await runsOf("slow")).some((r) => r.state === "success"), 5000, "both ran");
+    sub.unsubscribe();
+    const [quick] = await client.call<Array<Run & { executorInstance: string | null }>>("runs", { task: "quick" });
+    const [slow] = await client.call<Array<Run & { executorInstance: string | null }>>("runs", { task: "slow" });
+    const of = (runId: string) => seen.filter((e) => e.runId === runId).map((e) => ({ type: e.type, folded: e.startedAt !== undefined }));
+    expect(of(quick!.id)).toEqual([{ type: "completed", folded: true }]);
+    expect(of(slow!.id)).toEqual([{ type: "started", folded: false }, { type: "completed", folded: false }]);
+    for (const r of [quick!, slow!]) {
+      expect(r.startedAt).not.toBeNull();
+      expect(r.executorInstance).toMatch(/.+/);
+      expect(Date.parse(r.startedAt!)).toBeLessThanOrEqual(Date.parse(r.finishedAt!));
+    }
+    expect(Date.parse(slow!.finishedAt!) - Date.parse(slow!.startedAt!)).toBeGreaterThanOrEqual(290);
   });
 
   it("fails then succeeds with growing backoff", async () => {
