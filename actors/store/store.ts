@@ -1,32 +1,39 @@
 import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
-import type { BulkCreated, BulkNewTask, NewTask, RunInsert, RunRow, RunUpdate, ShardRow, ShardWrite, TaskRow, TaskUpdate, TriggerRow } from "./types.ts";
+import type { BulkCreated, BulkNewTask, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
 pg.types.setTypeParser(20, (v: string) => Number(v));
 
-const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
-  t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
-  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
+// Task rows are read as arrays (rowMode "array"): pg then builds no 25-key object per row, which
+// cost the hot fetch more than the lookup (bench/store.ts: node µs per fetched row).
+const TASK_COLUMNS = [
+  "id", "name", "executor", "payload", "timeout_ms", "max_attempts", "backoff_ms", "backoff_max_ms", "misfire", "overlap", "shard",
+  "state", "record", "trigger_slots", "next_due_ms", "next_slot_ms", "next_trigger_id", "next_source", "next_reason", "next_caused_by",
+  "created_ms", "updated_ms",
+] as const;
+const TASK_COLS = `${TASK_COLUMNS.map((c) => `t.${c}`).join(", ")},
   t.trigger_set as triggers,
-  case when t.dep_flags & 1 <> 0 then coalesce((select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id), '{}') else '{}' end as upstreams,
+  case when t.dep_flags & 1 <> 0 then (select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id) end as upstreams,
   case when t.dep_flags & 2 <> 0 then exists (select 1 from dependencies d where d.upstream = t.id) else false end as has_downstreams`;
+const C = Object.fromEntries([...TASK_COLUMNS, "triggers", "upstreams", "has_downstreams"].map((c, i) => [c, i])) as
+  Record<(typeof TASK_COLUMNS)[number] | "triggers" | "upstreams" | "has_downstreams", number>;
 
 type Row = Record<string, unknown>;
 
-function toTask(r: Row): TaskRow {
+function toTask(r: unknown[]): TaskRow {
   return {
-    id: r.id as number, name: r.name as string, executor: r.executor as string, payload: r.payload,
-    timeoutMs: r.timeout_ms as number, maxAttempts: r.max_attempts as number, backoffMs: r.backoff_ms as number,
-    backoffMaxMs: r.backoff_max_ms as number, misfire: r.misfire as TaskRow["misfire"], overlap: r.overlap as TaskRow["overlap"],
-    shard: r.shard as number, state: r.state as string, record: r.record, triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
-    nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
-    nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
-    nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
-    createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
-    triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string>) ?? []).map(Number),
-    hasDownstreams: r.has_downstreams === true,
+    id: r[C.id] as number, name: r[C.name] as string, executor: r[C.executor] as string, payload: r[C.payload],
+    timeoutMs: r[C.timeout_ms] as number, maxAttempts: r[C.max_attempts] as number, backoffMs: r[C.backoff_ms] as number,
+    backoffMaxMs: r[C.backoff_max_ms] as number, misfire: r[C.misfire] as TaskRow["misfire"], overlap: r[C.overlap] as TaskRow["overlap"],
+    shard: r[C.shard] as number, state: r[C.state] as string, record: r[C.record], triggerSlots: (r[C.trigger_slots] ?? {}) as Record<string, number>,
+    nextDueMs: r[C.next_due_ms] as number | null, nextSlotMs: r[C.next_slot_ms] as number | null,
+    nextTriggerId: r[C.next_trigger_id] as number | null, nextSource: r[C.next_source] as TaskRow["nextSource"],
+    nextReason: r[C.next_reason] as string | null, nextCausedBy: r[C.next_caused_by] as string | null,
+    createdMs: r[C.created_ms] as number, updatedMs: r[C.updated_ms] as number,
+    triggers: (r[C.triggers] as TriggerRow[]) ?? [], upstreams: ((r[C.upstreams] as Array<number | string>) ?? []).map(Number),
+    hasDownstreams: r[C.has_downstreams] === true,
   };
 }
 
@@ -325,11 +332,11 @@ export class Store {
   /** By numeric id or by name. */
   async getTask(ref: string | number): Promise<TaskRow | null> {
     const byId = typeof ref === "number" || /^\d+$/.test(ref);
-    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ${byId ? "t.id = $1::bigint" : "t.name = $1"}`, [String(ref)]);
-    if (r.rowCount) return toTask(r.rows[0]);
+    const r = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where ${byId ? "t.id = $1::bigint" : "t.name = $1"}`, values: [String(ref)], rowMode: "array" });
+    if (r.rows[0]) return toTask(r.rows[0]);
     if (byId) { // a task may be named with digits only
-      const r2 = await this.pool.query(`select ${TASK_COLS} from tasks t where t.name = $1`, [String(ref)]);
-      if (r2.rowCount) return toTask(r2.rows[0]);
+      const r2 = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where t.name = $1`, values: [String(ref)], rowMode: "array" });
+      if (r2.rows[0]) return toTask(r2.rows[0]);
     }
     return null;
   }
@@ -341,8 +348,8 @@ export class Store {
   }
 
   async listTasks(opts: { limit?: number; shard?: number } = {}): Promise<TaskRow[]> {
-    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
-      [opts.limit ?? 1000, opts.shard ?? null]);
+    const r = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
+      values: [opts.limit ?? 1000, opts.shard ?? null], rowMode: "array" });
     return r.rows.map(toTask);
   }
 
@@ -365,12 +372,12 @@ export class Store {
     const all: number[] = [];
     for (const f of batch) for (const id of f.ids) all.push(id);
     // Plain columns: row_to_json saved the node ~4.6 µs a row and cost PostgreSQL ~6.
-    this.pool.query({ name: "ax_fetch_tasks", text: `select ${TASK_COLS} from tasks t where t.id = any($1::bigint[])`, values: [all] }).then((r) => {
-      const byId = new Map<number, Row>();
-      for (const row of r.rows as Row[]) byId.set(row.id as number, row);
+    this.pool.query({ name: "ax_fetch_tasks", text: `select ${TASK_COLS} from tasks t where t.id = any($1::bigint[])`, values: [all], rowMode: "array" }).then((r) => {
+      const byId = new Map<number, unknown[]>();
+      for (const row of r.rows as unknown[][]) byId.set(row[C.id] as number, row);
       for (const f of batch) {
         const out: TaskRow[] = [];
-        for (const id of f.ids) { const row = byId.get(id); if (row && row.shard === f.shard) out.push(toTask(row)); }
+        for (const id of f.ids) { const row = byId.get(id); if (row && row[C.shard] === f.shard) out.push(toTask(row)); }
         f.resolve(out);
       }
     }, (e) => { for (const f of batch) f.reject(e); });
@@ -513,12 +520,7 @@ export class Store {
     // (`ok`): rows of a shard whose epoch is not current are not written. The first statement
     // has locked the current shards' rows FOR SHARE, so their epochs cannot change before
     // commit, and a stale epoch never becomes current again.
-    const ins: RunInsert[] = []; const upd: Array<RunUpdate & { shard: number }> = []; const tasks: Array<TaskUpdate & { shard: number }> = [];
-    for (const w of writes) {
-      for (const r of w.runInserts) ins.push(r);
-      for (const u of w.runUpdates) upd.push({ ...u, shard: w.shard });
-      for (const t of w.taskUpdates) tasks.push({ ...t, shard: w.shard });
-    }
+    const ins = runInsertsJson(writes); const upd = runUpdatesJson(writes); const tasks = taskUpdatesJson(writes);
     const c = await this.writePool.connect();
     const jobs: Array<Promise<unknown>> = [];
     // Corked: the whole transaction leaves in one write (a syscall per statement cost more than
@@ -530,9 +532,9 @@ export class Store {
       const fence = c.query({ name: "ax_fence", text: `select s.shard from shards s join unnest($1::int[], $2::bigint[]) f(shard, epoch)
         on s.shard = f.shard and s.epoch = f.epoch for share of s`, values: [shards, epochs] });
       jobs.push(fence);
-      if (ins.length) jobs.push(insertRuns(c, ins, shards, epochs));
-      if (upd.length) jobs.push(updateRuns(c, upd, shards, epochs));
-      if (tasks.length) jobs.push(updateTasks(c, tasks, shards, epochs));
+      if (ins) jobs.push(c.query({ name: "ax_insert_runs", text: INSERT_RUNS, values: [ins, shards, epochs] }));
+      if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
+      if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
       jobs.push(c.query("commit"));
       stream?.uncork?.();
       const settled = await Promise.allSettled(jobs);
@@ -553,69 +555,84 @@ export class Store {
 const FENCE_CTE = "with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch)";
 
 // Rows travel as one JSON array per statement (json_to_recordset): one native JSON.stringify
-// instead of twenty escaped array parameters, and jsonb columns arrive as JSON values.
-function insertRuns(c: pg.PoolClient, rows: RunInsert[], shards: number[], epochs: number[]): Promise<unknown> {
-  const data = rows.map((r) => ({
-    id: r.id, task_id: r.taskId, task_name: r.taskName, trigger_id: r.triggerId, source: r.source, due_ms: r.dueMs, slot_ms: r.slotMs,
-    due_reason: r.dueReason, fired_ms: r.firedMs, node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt, executor: r.executor,
-    state: r.state, error: r.error, caused_by: r.causedBy, upstream_runs: r.upstreamRuns, finished_ms: r.finishedMs ?? null, created_ms: r.createdMs,
-    dispatch_id: r.dispatchId ?? null,
-  }));
-  return c.query({
-    name: "ax_insert_runs",
-    text: `${FENCE_CTE}
-     insert into runs (id, task_id, task_name, trigger_id, source, due_ms, slot_ms, due_reason, fired_ms, node, shard, epoch, attempt,
-       executor, state, error, caused_by, upstream_runs, finished_ms, created_ms, dispatch_id)
-     select u.id, u.task_id, u.task_name, u.trigger_id, u.source, u.due_ms, u.slot_ms, u.due_reason, u.fired_ms, u.node, u.shard, u.epoch,
-       u.attempt, u.executor, u.state, u.error, u.caused_by, u.upstream_runs, u.finished_ms, u.created_ms, u.dispatch_id
-     from json_to_recordset($1::json) as u(id text, task_id bigint, task_name text, trigger_id bigint, source text, due_ms bigint, slot_ms bigint,
-       due_reason text, fired_ms bigint, node text, shard int, epoch bigint, attempt int, executor text, state text, error text, caused_by text,
-       upstream_runs jsonb, finished_ms bigint, created_ms bigint, dispatch_id text)
-     where u.shard in (select shard from ok)
-     on conflict (id) do nothing`,
-    values: [JSON.stringify(data), shards, epochs],
-  });
+// instead of twenty escaped array parameters, and jsonb columns arrive as JSON values. Each row
+// object is built once, straight from the shard's write, in the recordset's column order.
+
+const INSERT_RUNS = `${FENCE_CTE}
+  insert into runs (id, task_id, task_name, trigger_id, source, due_ms, slot_ms, due_reason, fired_ms, node, shard, epoch, attempt,
+    executor, state, error, caused_by, upstream_runs, finished_ms, created_ms, dispatch_id)
+  select u.id, u.task_id, u.task_name, u.trigger_id, u.source, u.due_ms, u.slot_ms, u.due_reason, u.fired_ms, u.node, u.shard, u.epoch,
+    u.attempt, u.executor, u.state, u.error, u.caused_by, u.upstream_runs, u.finished_ms, u.created_ms, u.dispatch_id
+  from json_to_recordset($1::json) as u(id text, task_id bigint, task_name text, trigger_id bigint, source text, due_ms bigint, slot_ms bigint,
+    due_reason text, fired_ms bigint, node text, shard int, epoch bigint, attempt int, executor text, state text, error text, caused_by text,
+    upstream_runs jsonb, finished_ms bigint, created_ms bigint, dispatch_id text)
+  where u.shard in (select shard from ok)
+  on conflict (id) do nothing`;
+
+function runInsertsJson(writes: ShardWrite[]): string | null {
+  const data: unknown[] = [];
+  for (const w of writes) {
+    for (const r of w.runInserts) {
+      data.push({
+        id: r.id, task_id: r.taskId, task_name: r.taskName, trigger_id: r.triggerId, source: r.source, due_ms: r.dueMs, slot_ms: r.slotMs,
+        due_reason: r.dueReason, fired_ms: r.firedMs, node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt, executor: r.executor,
+        state: r.state, error: r.error, caused_by: r.causedBy, upstream_runs: r.upstreamRuns, finished_ms: r.finishedMs ?? null, created_ms: r.createdMs,
+        dispatch_id: r.dispatchId ?? null,
+      });
+    }
+  }
+  return data.length ? JSON.stringify(data) : null;
 }
 
-function updateRuns(c: pg.PoolClient, rows: Array<RunUpdate & { shard: number }>, shards: number[], epochs: number[]): Promise<unknown> {
-  // Several updates of one run may arrive in one batch (started, then completed): fold them first.
-  const folded = new Map<string, RunUpdate & { shard: number }>();
-  for (const u of rows) { const prev = folded.get(u.id); folded.set(u.id, prev ? { ...prev, ...stripUndefined(u) } as RunUpdate & { shard: number } : u); }
-  const data: unknown[] = [];
-  for (const u of folded.values()) {
-    data.push({ id: u.id, shard: u.shard, state: u.state ?? null, started_ms: u.startedMs ?? null, finished_ms: u.finishedMs ?? null,
-      instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null });
+const UPDATE_RUNS = `${FENCE_CTE}
+  update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
+    finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
+    error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
+  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
+  where r.id = u.id and u.shard in (select shard from ok)`;
+
+interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null }
+
+function runUpdatesJson(writes: ShardWrite[]): string | null {
+  // Several updates of one run may arrive in one batch (a started event, then the end): folded
+  // into one row, a later value winning over an earlier one.
+  const folded = new Map<string, RunUpdateRow>();
+  for (const w of writes) {
+    for (const u of w.runUpdates) {
+      const prev = folded.get(u.id);
+      if (!prev) {
+        folded.set(u.id, { id: u.id, shard: w.shard, state: u.state ?? null, started_ms: u.startedMs ?? null, finished_ms: u.finishedMs ?? null,
+          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null });
+        continue;
+      }
+      if (u.state !== undefined) prev.state = u.state;
+      if (u.startedMs !== undefined) prev.started_ms = u.startedMs;
+      if (u.finishedMs !== undefined) prev.finished_ms = u.finishedMs;
+      if (u.executorInstance !== undefined) prev.instance = u.executorInstance;
+      if (u.error !== undefined) prev.error = u.error;
+      if (u.lateOutcome !== undefined) prev.late = u.lateOutcome;
+    }
   }
-  return c.query({
-    name: "ax_update_runs",
-    text: `${FENCE_CTE}
-     update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
-       finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
-       error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
-     from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
-     where r.id = u.id and u.shard in (select shard from ok)`,
-    values: [JSON.stringify(data), shards, epochs],
-  });
+  return folded.size ? JSON.stringify([...folded.values()]) : null;
 }
 
-function updateTasks(c: pg.PoolClient, rows: Array<TaskUpdate & { shard: number }>, shards: number[], epochs: number[]): Promise<unknown> {
-  const folded = new Map<number, TaskUpdate & { shard: number }>();
-  for (const u of rows) folded.set(u.id, u); // the last decision of a tick wins: the machine already folded the history
-  const data: unknown[] = [];
-  for (const u of folded.values()) {
-    data.push({ id: u.id, shard: u.shard, state: u.state, record: u.record, slots: u.triggerSlots, due: u.nextDueMs, slot: u.nextSlotMs,
-      trig: u.nextTriggerId, source: u.nextSource, reason: u.nextReason, caused: u.nextCausedBy });
+const UPDATE_TASKS = `${FENCE_CTE}
+  update tasks t set state = u.state, record = u.record, trigger_slots = u.slots, next_due_ms = u.due, next_slot_ms = u.slot,
+    next_trigger_id = u.trig, next_source = u.source, next_reason = u.reason, next_caused_by = u.caused, updated_ms = $4
+  from json_to_recordset($1::json) as u(id bigint, shard int, state text, record jsonb, slots jsonb, due bigint, slot bigint, trig bigint,
+    source text, reason text, caused text)
+  where t.id = u.id and u.shard in (select shard from ok)`;
+
+function taskUpdatesJson(writes: ShardWrite[]): string | null {
+  // The last decision of a batch wins: the machine already folded the history.
+  const folded = new Map<number, unknown>();
+  for (const w of writes) {
+    for (const u of w.taskUpdates) {
+      folded.set(u.id, { id: u.id, shard: w.shard, state: u.state, record: u.record, slots: u.triggerSlots, due: u.nextDueMs, slot: u.nextSlotMs,
+        trig: u.nextTriggerId, source: u.nextSource, reason: u.nextReason, caused: u.nextCausedBy });
+    }
   }
-  return c.query({
-    name: "ax_update_tasks",
-    text: `${FENCE_CTE}
-     update tasks t set state = u.state, record = u.record, trigger_slots = u.slots, next_due_ms = u.due, next_slot_ms = u.slot,
-       next_trigger_id = u.trig, next_source = u.source, next_reason = u.reason, next_caused_by = u.caused, updated_ms = $4
-     from json_to_recordset($1::json) as u(id bigint, shard int, state text, record jsonb, slots jsonb, due bigint, slot bigint, trig bigint,
-       source text, reason text, caused text)
-     where t.id = u.id and u.shard in (select shard from ok)`,
-    values: [JSON.stringify(data), shards, epochs, Date.now()],
-  });
+  return folded.size ? JSON.stringify([...folded.values()]) : null;
 }
 
 /**
@@ -709,12 +726,6 @@ function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number
     };
     (c as unknown as { query(q: unknown): void }).query(q);
   });
-}
-
-function stripUndefined<T extends object>(o: T): Partial<T> {
-  const out: Partial<T> = {};
-  for (const [k, v] of Object.entries(o)) if (v !== undefined) (out as Record<string, unknown>)[k] = v;
-  return out;
 }
 
 /**

@@ -67,9 +67,10 @@ describe("store", () => {
     expect(await store.getRun("r2")).toBeNull();
     expect((await store.getRun("r1"))!.state).toBe("running");
     expect((await store.getTask(t.id))!.state).toBe("pending");
-    const good = await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [], runUpdates: [{ id: "r1", startedMs: 7 }, { id: "r1", state: "success", finishedMs: 9 }], taskUpdates: [] }]);
+    const good = await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [], runUpdates: [{ id: "r1", startedMs: 7, executorInstance: "i1" }, { id: "r1", state: "success", finishedMs: 9 }], taskUpdates: [] }]);
     expect(good.stale).toEqual([]);
-    expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9 });
+    // The two updates of one run in one batch fold into one row: neither loses a field.
+    expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9, executorInstance: "i1" });
   });
 
   it("a fenced batch and a concurrent claim serialize: the claim waits for the batch", async () => {
