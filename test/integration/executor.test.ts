@@ -1,0 +1,87 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
+import { names } from "../../common/index.ts";
+import { EventBatchSchema, Executor, decode, encode, type DispatchRun, type RunContext, type RunEvent } from "../../protocol/index.ts";
+import { TestCluster } from "../cluster.ts";
+import { waitFor } from "../helpers.ts";
+
+// The SDK alone, against real JetStream: dispatches are published here as a node would, and the
+// events it sends back are read off the events subjects.
+const tc = new TestCluster("executor");
+const n = names(tc.ns);
+let nc: NatsConnection;
+let ex: Executor;
+const seen: RunEvent[] = [];
+const aborted = new Map<string, boolean>();
+
+async function handler(ctx: RunContext): Promise<void> {
+  const mode = (ctx.payload as { mode: string }).mode;
+  if (mode === "watch") {
+    await new Promise<void>((_, reject) => ctx.signal.addEventListener("abort", () => { aborted.set(ctx.runId, ctx.signal.aborted); reject(new Error("gave up")); }));
+  }
+  if (mode === "hang") await new Promise(() => undefined); // never settles, never looks at the signal
+  if (mode === "late-look") {
+    await new Promise((r) => setTimeout(r, 500));
+    aborted.set(ctx.runId, ctx.signal.aborted); // a signal first read after the deadline is already aborted
+  }
+}
+
+let seq = 0;
+async function dispatch(mode: string, timeoutMs: number): Promise<string> {
+  const runId = `r-${mode}-${++seq}`;
+  const now = Date.now();
+  const run: DispatchRun = { runId, taskId: seq, taskName: mode, attempt: 1, source: "manual", payload: { mode }, scheduledAt: now, firedAt: now, timeoutMs };
+  await jetstream(nc).publish(n.dispatchSubject("sdk"), encode({ v: 1, shard: 0, epoch: 1, node: "test", runs: [run] }), { msgID: `d:${runId}` });
+  return runId;
+}
+const eventsOf = (runId: string) => seen.filter((e) => e.runId === runId);
+
+beforeAll(async () => {
+  nc = await connect({ servers: tc.config.natsUrl });
+  ex = new Executor({ name: "sdk", handler, namespace: tc.ns, natsUrl: tc.config.natsUrl, register: false, eventFlushMs: 2 });
+  await ex.start();
+  nc.subscribe(n.eventsWildcard, { callback: (_e, m) => { const d = decode(EventBatchSchema, m.data); if (d.ok) seen.push(...d.value.events); } });
+  await nc.flush();
+});
+
+afterAll(async () => {
+  await ex?.stop();
+  await nc?.close();
+  await tc.teardown();
+});
+
+describe("executor SDK", () => {
+  it("aborts a run's signal at its timeout and reports the run failed", async () => {
+    const runId = await dispatch("watch", 300);
+    await waitFor(() => eventsOf(runId).some((e) => e.type === "failed"), 5000, "failed event");
+    expect(aborted.get(runId)).toBe(true);
+    const failed = eventsOf(runId).find((e) => e.type === "failed")!;
+    expect(failed.error?.message).toBe("timed out after 300ms");
+    expect(failed.error?.type).toBe("timeout");
+  });
+
+  it("reports a handler that never settles (and never reads its signal) failed at the timeout", async () => {
+    const t0 = Date.now();
+    const runId = await dispatch("hang", 300);
+    await waitFor(() => eventsOf(runId).some((e) => e.type === "failed"), 5000, "failed event");
+    const failed = eventsOf(runId).find((e) => e.type === "failed")!;
+    expect(failed.error?.message).toBe("timed out after 300ms");
+    expect(failed.at - t0).toBeGreaterThanOrEqual(290);
+  });
+
+  it("a signal first read after the deadline is already aborted", async () => {
+    const runId = await dispatch("late-look", 200);
+    await waitFor(() => aborted.has(runId), 5000, "handler looked at its signal");
+    expect(aborted.get(runId)).toBe(true);
+  });
+
+  it("a short run sends one completed event carrying its start", async () => {
+    const runId = await dispatch("quick", 5000);
+    await waitFor(() => eventsOf(runId).length > 0, 5000, "events");
+    await new Promise((r) => setTimeout(r, 100));
+    const ev = eventsOf(runId);
+    expect(ev.map((e) => e.type)).toEqual(["completed"]);
+    expect(ev[0]!.startedAt).toBeLessThanOrEqual(ev[0]!.at);
+  });
+});
