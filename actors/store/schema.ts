@@ -180,6 +180,20 @@ update tasks t set dep_flags = (case when exists (select 1 from dependencies d w
   where exists (select 1 from dependencies d where d.downstream = t.id or d.upstream = t.id);
 `,
   },
+  {
+    version: 7,
+    name: "run history: room for the completion update, a BRIN index for pruning",
+    // A run row is inserted at fire and updated once at completion. With fillfactor 60 a third
+    // of those updates found no room on the row's page and were not HOT (68 % HOT measured), so
+    // each wrote an entry into all three indexes of runs. runs_created only serves the pruning
+    // (created_ms < cutoff, in batches); created_ms follows insertion order, so a BRIN index
+    // answers it at nearly no cost per insert.
+    sql: `
+alter table runs set (fillfactor = 50);
+drop index if exists runs_created;
+create index if not exists runs_created_brin on runs using brin (created_ms) with (autosummarize = on);
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
