@@ -17,11 +17,19 @@ let client: AxClient;
 let nc: NatsConnection;
 const starts: Array<{ runId: string; task: string; at: number; scheduledAt: number; attempt: number }> = [];
 const hold = new Map<string, number>(); // task name → ms the handler takes
+const gates = new Map<string, { promise: Promise<void>; open: () => void }>(); // task name → its runs end when the test opens it
+function gate(task: string): () => void {
+  let open!: () => void;
+  const promise = new Promise<void>((r) => { open = r; });
+  gates.set(task, { promise, open });
+  return open;
+}
 
 async function handler(ctx: RunContext): Promise<void> {
   starts.push({ runId: ctx.runId, task: ctx.taskName, at: Date.now(), scheduledAt: ctx.scheduledAt, attempt: ctx.attempt });
   const p = (ctx.payload ?? {}) as { failAttempts?: number };
-  await sleep(hold.get(ctx.taskName) ?? 20);
+  const gate = gates.get(ctx.taskName);
+  if (gate) await gate.promise; else await sleep(hold.get(ctx.taskName) ?? 20);
   if (typeof p.failAttempts === "number" && ctx.attempt <= p.failAttempts) throw new Error(`planned failure ${ctx.attempt}`);
 }
 
@@ -191,7 +199,8 @@ describe("single node end to end", () => {
   });
 
   it("a manual run is refused while one is in flight (exit 3, message, run id); --force does not bypass it", async () => {
-    hold.set("long", 8000); // long enough for three CLI processes to start on a loaded machine
+    // The run lasts until the test ends, however long the three CLI processes take to start.
+    const release = gate("long");
     await client.call("task.create", { name: "long", executor: "work", every: "1h" });
     const first = await tc.cli(["run", "long", "--json"]);
     expect(first.code).toBe(0);
@@ -203,6 +212,8 @@ describe("single node end to end", () => {
     expect(forced.code).toBe(3);
     const runs = await runsOf("long");
     expect(runs.map((r) => r.source)).toEqual(["manual"]);
+    release();
+    await waitFor(async () => (await runsOf("long"))[0]?.state === "success", 5000, "the held run ended");
   });
 
   it("pause stops fires; resume applies the misfire policy (once: one catch-up)", async () => {
