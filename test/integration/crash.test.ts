@@ -7,7 +7,7 @@ import type { RunContext } from "../../protocol/index.ts";
 import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
 
-interface Run { id: string; source: string; state: string; dueAt: string; attempt: number; error: string | null; startedAt: string | null; executorInstance: string | null }
+interface Run { id: string; source: string; state: string; dueAt: string; attempt: number; error: string | null; startedAt: string | null; executorInstance: string | null; dueReason: string | null }
 
 let tc: TestCluster | null = null;
 afterEach(async () => { await tc?.teardown(); tc = null; });
@@ -66,7 +66,11 @@ describe("crashes", () => {
     for (const t of tasks) {
       const runs = await client.call<Run[]>("runs", { task: t, limit: 100 });
       const afterCrash = runs.filter((r) => Date.parse(r.dueAt) >= killedAt);
-      expect(afterCrash.filter((r) => r.source === "misfire"), `${t}: ${JSON.stringify(afterCrash.map((r) => [r.source, r.dueAt]))}`).toHaveLength(1);
+      // The downtime's misfire, once. (On a loaded machine a run may also outlast its 1 s slot;
+      // that slot is skipped and caught up after the run with a misfire of its own, "… while run X
+      // was in flight".)
+      const downtime = afterCrash.filter((r) => r.source === "misfire" && !r.dueReason?.includes("was in flight"));
+      expect(downtime, `${t}: ${JSON.stringify(afterCrash.map((r) => [r.source, r.dueAt, r.dueReason]))}`).toHaveLength(1);
       const ids = seen.get(t)!;
       expect(new Set(ids).size).toBe(ids.length);
       const dues = runs.filter((r) => r.source === "rate").map((r) => r.dueAt);
