@@ -61,7 +61,7 @@ interface ActiveRun {
    * (a third of the SDK's CPU a run at thousands of runs a second), and most handlers never look.
    */
   ac: AbortController | null;
-  /** Set once the deadline passed; a controller made afterwards starts aborted. */
+  /** Set once the deadline passed (the run's failure and the signal's reason); a controller made afterwards starts aborted. */
   timedOut: Error | null;
   /** Rejects the run's wait for an async handler when the deadline passes. */
   onTimeout: ((e: Error) => void) | null;
@@ -261,10 +261,7 @@ export class Executor {
       if (result !== null && typeof result === "object" && typeof (result as PromiseLike<unknown>).then === "function") {
         await Promise.race([
           result,
-          new Promise((_, reject) => {
-            const onTimeout = () => reject(Object.assign(new Error(`timed out after ${run.timeoutMs}ms`), { type: "timeout" }));
-            if (a.timedOut) onTimeout(); else a.onTimeout = onTimeout;
-          }),
+          new Promise((_, reject) => { if (a.timedOut) reject(a.timedOut); else a.onTimeout = reject; }),
         ]);
       }
     } catch (e) {
@@ -298,7 +295,7 @@ export class Executor {
     const now = performance.now();
     for (const [runId, a] of this.active) {
       if (now >= a.deadline && !a.timedOut) {
-        a.timedOut = new Error(`timed out after ${a.timeoutMs}ms`);
+        a.timedOut = Object.assign(new Error(`timed out after ${a.timeoutMs}ms`), { type: "timeout" });
         a.ac?.abort(a.timedOut);
         a.onTimeout?.(a.timedOut);
       }

@@ -455,14 +455,13 @@ export class ShardActor {
       }
       if (ev.type === "progress") { if (run) this.extend(run, now); continue; }
       const ok = ev.type === "completed";
-      if (!run) {
-        // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
-        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance,
-          ...(ev.startedAt !== undefined ? { startedMs: ev.startedAt } : {}) });
-        continue;
-      }
       // A short run's end may carry its start instead of a separate `started` event.
       const start = ev.startedAt !== undefined ? { startedMs: ev.startedAt, executorInstance: instance } : {};
+      if (!run) {
+        // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
+        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance, ...start });
+        continue;
+      }
       this.finishRun(round, run, now, ok ? { type: "SUCCEEDED", runId: run.runId } : {
         type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
       }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start });

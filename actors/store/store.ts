@@ -6,34 +6,27 @@ import type { BulkCreated, BulkNewTask, NewTask, RunRow, ShardRow, ShardWrite, T
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
 pg.types.setTypeParser(20, (v: string) => Number(v));
 
-// Task rows are read as arrays (rowMode "array"): pg then builds no 25-key object per row, which
-// cost the hot fetch more than the lookup (bench/store.ts: node µs per fetched row).
-const TASK_COLUMNS = [
-  "id", "name", "executor", "payload", "timeout_ms", "max_attempts", "backoff_ms", "backoff_max_ms", "misfire", "overlap", "shard",
-  "state", "record", "trigger_slots", "next_due_ms", "next_slot_ms", "next_trigger_id", "next_source", "next_reason", "next_caused_by",
-  "created_ms", "updated_ms",
-] as const;
-const TASK_COLS = `${TASK_COLUMNS.map((c) => `t.${c}`).join(", ")},
+const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
+  t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
+  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
   t.trigger_set as triggers,
   case when t.dep_flags & 1 <> 0 then (select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id) end as upstreams,
   case when t.dep_flags & 2 <> 0 then exists (select 1 from dependencies d where d.upstream = t.id) else false end as has_downstreams`;
-const C = Object.fromEntries([...TASK_COLUMNS, "triggers", "upstreams", "has_downstreams"].map((c, i) => [c, i])) as
-  Record<(typeof TASK_COLUMNS)[number] | "triggers" | "upstreams" | "has_downstreams", number>;
 
 type Row = Record<string, unknown>;
 
-function toTask(r: unknown[]): TaskRow {
+function toTask(r: Row): TaskRow {
   return {
-    id: r[C.id] as number, name: r[C.name] as string, executor: r[C.executor] as string, payload: r[C.payload],
-    timeoutMs: r[C.timeout_ms] as number, maxAttempts: r[C.max_attempts] as number, backoffMs: r[C.backoff_ms] as number,
-    backoffMaxMs: r[C.backoff_max_ms] as number, misfire: r[C.misfire] as TaskRow["misfire"], overlap: r[C.overlap] as TaskRow["overlap"],
-    shard: r[C.shard] as number, state: r[C.state] as string, record: r[C.record], triggerSlots: (r[C.trigger_slots] ?? {}) as Record<string, number>,
-    nextDueMs: r[C.next_due_ms] as number | null, nextSlotMs: r[C.next_slot_ms] as number | null,
-    nextTriggerId: r[C.next_trigger_id] as number | null, nextSource: r[C.next_source] as TaskRow["nextSource"],
-    nextReason: r[C.next_reason] as string | null, nextCausedBy: r[C.next_caused_by] as string | null,
-    createdMs: r[C.created_ms] as number, updatedMs: r[C.updated_ms] as number,
-    triggers: (r[C.triggers] as TriggerRow[]) ?? [], upstreams: ((r[C.upstreams] as Array<number | string>) ?? []).map(Number),
-    hasDownstreams: r[C.has_downstreams] === true,
+    id: r.id as number, name: r.name as string, executor: r.executor as string, payload: r.payload,
+    timeoutMs: r.timeout_ms as number, maxAttempts: r.max_attempts as number, backoffMs: r.backoff_ms as number,
+    backoffMaxMs: r.backoff_max_ms as number, misfire: r.misfire as TaskRow["misfire"], overlap: r.overlap as TaskRow["overlap"],
+    shard: r.shard as number, state: r.state as string, record: r.record, triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
+    nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
+    nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
+    nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
+    createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
+    triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string> | null) ?? []).map(Number),
+    hasDownstreams: r.has_downstreams === true,
   };
 }
 
@@ -332,11 +325,11 @@ export class Store {
   /** By numeric id or by name. */
   async getTask(ref: string | number): Promise<TaskRow | null> {
     const byId = typeof ref === "number" || /^\d+$/.test(ref);
-    const r = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where ${byId ? "t.id = $1::bigint" : "t.name = $1"}`, values: [String(ref)], rowMode: "array" });
-    if (r.rows[0]) return toTask(r.rows[0]);
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ${byId ? "t.id = $1::bigint" : "t.name = $1"}`, [String(ref)]);
+    if (r.rowCount) return toTask(r.rows[0]);
     if (byId) { // a task may be named with digits only
-      const r2 = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where t.name = $1`, values: [String(ref)], rowMode: "array" });
-      if (r2.rows[0]) return toTask(r2.rows[0]);
+      const r2 = await this.pool.query(`select ${TASK_COLS} from tasks t where t.name = $1`, [String(ref)]);
+      if (r2.rowCount) return toTask(r2.rows[0]);
     }
     return null;
   }
@@ -348,8 +341,8 @@ export class Store {
   }
 
   async listTasks(opts: { limit?: number; shard?: number } = {}): Promise<TaskRow[]> {
-    const r = await this.pool.query({ text: `select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
-      values: [opts.limit ?? 1000, opts.shard ?? null], rowMode: "array" });
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
+      [opts.limit ?? 1000, opts.shard ?? null]);
     return r.rows.map(toTask);
   }
 
@@ -372,12 +365,12 @@ export class Store {
     const all: number[] = [];
     for (const f of batch) for (const id of f.ids) all.push(id);
     // Plain columns: row_to_json saved the node ~4.6 µs a row and cost PostgreSQL ~6.
-    this.pool.query({ name: "ax_fetch_tasks", text: `select ${TASK_COLS} from tasks t where t.id = any($1::bigint[])`, values: [all], rowMode: "array" }).then((r) => {
-      const byId = new Map<number, unknown[]>();
-      for (const row of r.rows as unknown[][]) byId.set(row[C.id] as number, row);
+    this.pool.query({ name: "ax_fetch_tasks", text: `select ${TASK_COLS} from tasks t where t.id = any($1::bigint[])`, values: [all] }).then((r) => {
+      const byId = new Map<number, Row>();
+      for (const row of r.rows as Row[]) byId.set(row.id as number, row);
       for (const f of batch) {
         const out: TaskRow[] = [];
-        for (const id of f.ids) { const row = byId.get(id); if (row && row[C.shard] === f.shard) out.push(toTask(row)); }
+        for (const id of f.ids) { const row = byId.get(id); if (row && row.shard === f.shard) out.push(toTask(row)); }
         f.resolve(out);
       }
     }, (e) => { for (const f of batch) f.reject(e); });

@@ -17,19 +17,18 @@ let client: AxClient;
 let nc: NatsConnection;
 const starts: Array<{ runId: string; task: string; at: number; scheduledAt: number; attempt: number }> = [];
 const hold = new Map<string, number>(); // task name → ms the handler takes
-const gates = new Map<string, { promise: Promise<void>; open: () => void }>(); // task name → its runs end when the test opens it
+const gates = new Map<string, Promise<void>>(); // task name → its runs end when the test opens the gate
 function gate(task: string): () => void {
   let open!: () => void;
-  const promise = new Promise<void>((r) => { open = r; });
-  gates.set(task, { promise, open });
+  gates.set(task, new Promise<void>((r) => { open = r; }));
   return open;
 }
 
 async function handler(ctx: RunContext): Promise<void> {
   starts.push({ runId: ctx.runId, task: ctx.taskName, at: Date.now(), scheduledAt: ctx.scheduledAt, attempt: ctx.attempt });
   const p = (ctx.payload ?? {}) as { failAttempts?: number };
-  const gate = gates.get(ctx.taskName);
-  if (gate) await gate.promise; else await sleep(hold.get(ctx.taskName) ?? 20);
+  const held = gates.get(ctx.taskName);
+  if (held) await held; else await sleep(hold.get(ctx.taskName) ?? 20);
   if (typeof p.failAttempts === "number" && ctx.attempt <= p.failAttempts) throw new Error(`planned failure ${ctx.attempt}`);
 }
 
