@@ -128,6 +128,8 @@ export class ShardActor {
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
   private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
   private refilling: Promise<void> | null = null;
+  /** The last written round's publishes and due-index updates (see commit()). */
+  private effects: Promise<void> = Promise.resolve();
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
@@ -626,6 +628,27 @@ export class ShardActor {
       this.d.onFenced(this.shard);
       return;
     }
+    // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
+    for (const m of round.acks) m.ack();
+    for (const m of round.naks) m.nak(1000);
+    // Effects are pipelined one deep: this round's publishes and due-index updates go out once the
+    // previous round's are done (Redis sees one shard's adds and removes in round order), and the
+    // next round decides and writes meanwhile. A due run then waits for the round ahead of it to
+    // be written, not also for its publishes to be acknowledged.
+    const previous = this.effects;
+    this.effects = previous.then(() => this.applyEffects(round, messages))
+      .catch((e) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "applying a written round's effects failed; its runs time out and retry"));
+    await previous;
+    // Idle tasks leave memory: PostgreSQL holds them, the wheel or Redis holds their due time.
+    for (const id of round.touched) {
+      const lt = this.live.get(id);
+      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0) this.live.delete(id);
+    }
+    for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
+  }
+
+  /** A written round's effects. A failed publish is logged; its runs time out and retry. */
+  private async applyEffects(round: Round, messages: Array<{ executor: string; id: string; runs: DispatchRun[] }>): Promise<void> {
     const jobs: Array<Promise<unknown>> = [];
     for (const m of messages) jobs.push(this.publishDispatch(m.executor, m.id, m.runs));
     if (round.outcomes.length) {
@@ -637,15 +660,7 @@ export class ShardActor {
     if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
     if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
-    for (const m of round.acks) m.ack();
-    for (const m of round.naks) m.nak(1000);
     for (const r of round.replies) r();
-    // Idle tasks leave memory: PostgreSQL holds them, the wheel or Redis holds their due time.
-    for (const id of round.touched) {
-      const lt = this.live.get(id);
-      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0) this.live.delete(id);
-    }
-    for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
   }
 
   private publishDispatch(executor: string, msgID: string, runs: DispatchRun[]): Promise<unknown> {
@@ -739,6 +754,7 @@ export class ShardActor {
     // (and the entries come back to Redis with the rest of the wheel below).
     await this.refilling?.catch(() => undefined);
     while (this.processing) await this.idle;
+    await this.effects;
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
