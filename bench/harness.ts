@@ -36,6 +36,9 @@ export const EXECUTOR = "bench";
  * RSS are its own), one executor instance in this process whose handler records lateness,
  * and a teardown that removes the namespace from PostgreSQL, Redis and JetStream.
  */
+/** Names of warm-up tasks (`--warmup N`), whose runs are not recorded. */
+export const WARMUP_PREFIX = "warmup-";
+
 export class AxBench {
   readonly ns: string;
   readonly config: AxConfig;
@@ -140,7 +143,7 @@ export class AxBench {
   private pgSeen = new Map<number, number>();
   rssMb(): number { return procRssMb(this.nodePid) ?? 0; }
 
-  /** Starts recording runs of tasks named `<prefix><i>`, i in [0, expected). */
+  /** Starts recording runs of tasks named `<prefix><i>`, i in [0, expected); warm-up tasks are not recorded. */
   record(prefix: string, expected: number, originMs: number): Recorder {
     this.prefix = prefix;
     this.recorder = new Recorder(expected, originMs);
@@ -152,6 +155,7 @@ export class AxBench {
     const r = this.recorder;
     if (!r) return;
     const n = ctx.taskName;
+    if (n.startsWith(WARMUP_PREFIX)) return;
     const idx = n.startsWith(this.prefix) ? Number(n.slice(this.prefix.length)) : -1;
     r.record(Number.isInteger(idx) ? idx : -1, ctx.scheduledAt, start, ctx.firedAt);
   }

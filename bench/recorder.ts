@@ -4,7 +4,7 @@ import * as hdr from "hdr-histogram-js";
 export const wallNow = (): number => performance.timeOrigin + performance.now();
 
 export interface LatencySummary { p50: number; p90: number; p99: number; max: number }
-export interface SeriesPoint { t: number; n: number; p50: number; p99: number; max: number }
+export interface SeriesPoint { t: number; n: number; p50: number; p99: number; max: number; /** due → fired, p99 (the rest is fired → handler start) */ fireP99?: number }
 
 export interface RecorderSummary {
   expected: number;
@@ -47,6 +47,7 @@ export class Recorder {
   private counts: Uint8Array;
   private starts: number[] = [];
   private lates: number[] = [];
+  private fires: number[] = [];
   runs = 0;
   firstStartMs: number | null = null;
   lastStartMs: number | null = null;
@@ -80,6 +81,7 @@ export class Recorder {
     if (this.lastStartMs === null || startMs > this.lastStartMs) this.lastStartMs = startMs;
     this.starts.push(startMs);
     this.lates.push(late);
+    this.fires.push(firedMs === undefined ? NaN : Math.max(0, firedMs - dueMs));
     if (this.waiters.length) {
       this.waiters = this.waiters.filter((w) => { if (this.distinct >= w.n) { w.resolve(); return false; } return true; });
     }
@@ -113,17 +115,20 @@ export class Recorder {
   }
 
   private series(): SeriesPoint[] {
-    const buckets = new Map<number, number[]>();
+    const buckets = new Map<number, { lates: number[]; fires: number[] }>();
     for (let i = 0; i < this.starts.length; i++) {
       const s = Math.floor((this.starts[i]! - this.originMs) / 1000);
       let b = buckets.get(s);
-      if (!b) { b = []; buckets.set(s, b); }
-      b.push(this.lates[i]!);
+      if (!b) { b = { lates: [], fires: [] }; buckets.set(s, b); }
+      b.lates.push(this.lates[i]!);
+      if (!Number.isNaN(this.fires[i])) b.fires.push(this.fires[i]!);
     }
+    const at = (v: number[], q: number) => v[Math.min(v.length - 1, Math.floor(q * v.length))]!;
     return [...buckets.keys()].sort((a, b) => a - b).map((t) => {
-      const v = buckets.get(t)!.sort((a, b) => a - b);
-      const at = (q: number) => v[Math.min(v.length - 1, Math.floor(q * v.length))]!;
-      return { t, n: v.length, p50: round(at(0.5)), p99: round(at(0.99)), max: round(v[v.length - 1]!) };
+      const b = buckets.get(t)!;
+      const v = b.lates.sort((x, y) => x - y);
+      const f = b.fires.sort((x, y) => x - y);
+      return { t, n: v.length, p50: round(at(v, 0.5)), p99: round(at(v, 0.99)), max: round(v[v.length - 1]!), ...(f.length ? { fireP99: round(at(f, 0.99)) } : {}) };
     });
   }
 }

@@ -15,11 +15,13 @@
  *   --verbose          PostgreSQL counters and persister stats per step (stderr)
  *   --node-flags "..." extra Node/V8 flags for the node process; --event-flush MS executor event flush
  *   --series FILE      also write each row's per-second lateness series to FILE (JSON lines)
+ *   --warmup N         seed-*: N more tasks due just before the measured ones, at the same rate,
+ *                      not recorded (shows how much of the whole-run p99 is a cold node's first second)
  */
 import { execSync } from "node:child_process";
 import { appendFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
-import { AxBench, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
+import { AxBench, WARMUP_PREFIX, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
 import type { RecorderSummary, SeriesPoint } from "./recorder.ts";
 import { runBullSeed, runBullSweep, type PeerResult } from "./peer-bullmq.ts";
@@ -32,6 +34,7 @@ const flag = (name: string) => argv.includes(`--${name}`);
 const opt = (name: string): string | undefined => { const i = argv.indexOf(`--${name}`); return i >= 0 ? argv[i + 1] : undefined; };
 const num = (name: string): number | undefined => { const v = opt(name); return v === undefined ? undefined : Number(v); };
 const quick = flag("quick");
+const warmup = num("warmup") ?? 0;
 const verbose = flag("verbose");
 const peer = !flag("no-peer");
 const seriesFile = opt("series");
@@ -65,10 +68,14 @@ function row(scenario: string, tasks: number, rate: number | null, s: RecorderSu
 
 /** One seed run on a started bench: `tasks` one-shot tasks due from T0 on, `rate` per second. */
 async function axSeed(b: AxBench, prefix: string, tasks: number, rate: number): Promise<{ s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number }> {
-  const leadMs = Math.max(5000, Math.ceil(tasks / 12) + 4000);
+  const warmSpanMs = Math.ceil((warmup * 1000) / rate);
+  const leadMs = Math.max(5000, Math.ceil((tasks + warmup) / 12) + 4000) + warmSpanMs;
   const T0 = Date.now() + leadMs;
   const dueOf = (i: number) => T0 + Math.floor((i * 1000) / rate);
   const rec = b.record(prefix, tasks, T0);
+  // Warm-up runs: due just before T0 at the same rate, so the measured runs meet a node (and
+  // servers) already running at that rate; not counted.
+  if (warmup > 0) await b.bulkCreate(WARMUP_PREFIX, warmup, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / rate));
   const cr = await b.bulkCreate(prefix, tasks, dueOf);
   if (Date.now() > T0 - 1000) log(`warning: creating ${tasks} tasks took ${Math.round(cr.ms)}ms, close to the lead of ${leadMs}ms`);
   await sleep(Math.max(0, T0 - 300 - Date.now()));
@@ -222,9 +229,12 @@ async function createScenario(emit: Emit): Promise<void> {
   log(`create: ${tasks} tasks through task.bulkCreate`);
   await withBench(async (b) => {
     const week = Date.now() + 7 * 86_400_000;
+    await b.profStart();
     const u0 = await b.usage(); const s0 = serversCpu();
     const cr = await b.bulkCreate("t", tasks, (i) => week + i);
     const u1 = await b.usage(); const sv = diffServers(s0, serversCpu());
+    const prof = await b.profStop(`create-${tasks}`);
+    if (prof) log(`node CPU profile: ${prof}`);
     const sorted = [...cr.callMs].sort((a, c) => a - c);
     const at = (q: number) => r1(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!);
     const rate = Math.round(tasks / (cr.ms / 1000));
