@@ -93,6 +93,8 @@ interface Round {
   outcomes: Outcome[];
   replies: Array<() => void>;
   touched: Set<number>;
+  /** Tasks this round took off the wheel to fire whose due-index entry the refill already took. */
+  notInRedis: Set<number>;
 }
 
 const GRACE_MS = 1000;
@@ -118,7 +120,12 @@ export class ShardActor {
   private readonly d: ShardActorDeps;
   private readonly log: Logger;
   private readonly wheel: HashedWheel<WheelItem>;
-  private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef }>();
+  /**
+   * Tasks due within the horizon. `inRedis`: the due index may still hold an entry for the task
+   * (the API wrote one and asked the shard to load it); an entry the refill took holds none, so
+   * firing or moving the task needs no removal from Redis.
+   */
+  private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef; inRedis: boolean }>();
   private readonly inFlight = new Map<string, InFlightRun>();
   private readonly live = new Map<number, LiveTask>();
   private mail: Mail[] = [];
@@ -267,7 +274,7 @@ export class ShardActor {
   private newRound(): Round {
     return {
       write: { shard: this.shard, epoch: this.epoch, runInserts: [], runUpdates: [], taskUpdates: [] },
-      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(),
+      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(), notInRedis: new Set(),
     };
   }
 
@@ -297,6 +304,7 @@ export class ShardActor {
             if (!w || w.dueMs !== it.dueMs) continue; // superseded by a later schedule
             this.inWheel.delete(it.item.id);
             if (!canFire) { round.redisAdd.push({ id: it.item.id, dueMs: it.dueMs }); continue; }
+            if (!w.inRedis) round.notInRedis.add(it.item.id);
             this.onDue(round, it.item.id, it.dueMs, now);
           }
           break;
@@ -341,17 +349,24 @@ export class ShardActor {
     round.touched.add(row.id);
   }
 
-  private schedule(round: Round, id: number, dueMs: number): void {
+  private schedule(round: Round, id: number, dueMs: number, inRedis = false): void {
     if (dueMs <= this.d.clock.now() + this.horizonMs) {
-      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id }) });
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id }), inRedis });
     } else {
       round.redisAdd.push({ id, dueMs });
     }
   }
 
+  /** Takes the task's due time off the wheel and, where the due index may hold it, out of Redis. */
   private unschedule(round: Round, id: number): void {
     const w = this.inWheel.get(id);
-    if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(id); }
+    if (w) {
+      this.wheel.cancel(w.ref);
+      this.inWheel.delete(id);
+      if (!w.inRedis) return;
+    } else if (round.notInRedis.delete(id)) {
+      return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
+    }
     round.redisRemove.push(id);
   }
 
@@ -559,9 +574,10 @@ export class ShardActor {
     switch (cmd.type) {
       case "load": {
         if (lt.row.nextDueMs !== null) {
-          this.unschedule(round, lt.row.id);
-          round.redisRemove.pop(); // keep the index entry the API wrote
-          this.schedule(round, lt.row.id, lt.row.nextDueMs);
+          // The index entry the API wrote stays: the wheel's copy is marked as having one.
+          const w = this.inWheel.get(lt.row.id);
+          if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(lt.row.id); }
+          this.schedule(round, lt.row.id, lt.row.nextDueMs, true);
         }
         reply({ ok: true });
         return;
@@ -732,6 +748,7 @@ export class ShardActor {
     for (const it of items) {
       const w = this.inWheel.get(it.id);
       if (!w) { this.schedule(round, it.id, it.dueMs); continue; }
+      w.inRedis = false; // the refill took the index's entry for this task
       if (w.dueMs === it.dueMs) continue;
       const row = this.live.get(it.id)?.row;
       if (!row || row.nextDueMs === null || row.nextDueMs === w.dueMs) continue; // the wheel's copy stands (or onDue skips both)
