@@ -47,7 +47,7 @@ cross join lateral (
   select r.task_id, r.id, r.state, r.attempt, r.error, r.created_ms, r.finished_ms from runs r
   where r.task_id = u.upstream and r.state <> 'skipped' order by r.created_ms desc limit 1) x
 where (x.state = 'success' or (x.state in ('failed', 'timed_out')
-        and (x.attempt >= t.max_attempts or (t.state = 'failed' and t.record #>> '{context,lastRunId}' = x.id))))
+        and (x.attempt >= t.max_attempts or (t.state = 'failed' and t.record->>'r' = x.id))))
   and exists (select 1 from dependencies d where d.upstream = u.upstream and d.seen_run is distinct from x.id
         and (d.seen_ms is null or d.seen_ms <= x.created_ms) and d.created_ms <= x.created_ms)`;
 

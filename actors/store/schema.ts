@@ -194,6 +194,23 @@ drop index if exists runs_created;
 create index if not exists runs_created_brin on runs using brin (created_ms) with (autosummarize = on);
 `,
   },
+  {
+    version: 8,
+    name: "machine record stored compactly",
+    // Every run rewrites its task row twice. The record repeated the row's state, overlap and
+    // max_attempts and spelled out every default under long keys (≈ 190 of a one-shot's 536
+    // bytes). It now keeps only the rest (see actors/store/recordCodec.ts): a = attempt,
+    // f = in-flight run ids, r = last run id, e = last error, p = paused after the run.
+    sql: `
+update tasks set record = jsonb_strip_nulls(jsonb_build_object(
+    'a', nullif((record->'context'->>'attempt')::int, 0),
+    'f', case when coalesce(record->'context'->'inFlight', '[]'::jsonb) = '[]'::jsonb then null else record->'context'->'inFlight' end,
+    'r', record->'context'->'lastRunId',
+    'e', record->'context'->'lastError',
+    'p', case when (record->'context'->>'pausedAfterRun')::boolean then 1 end))
+  where record ? 'context';
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

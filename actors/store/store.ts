@@ -1,6 +1,7 @@
 import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
+import { fullRecord, storedRecord } from "./recordCodec.ts";
 import type { BulkCreated, BulkNewTask, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -20,7 +21,8 @@ function toTask(r: Row): TaskRow {
     id: r.id as number, name: r.name as string, executor: r.executor as string, payload: r.payload,
     timeoutMs: r.timeout_ms as number, maxAttempts: r.max_attempts as number, backoffMs: r.backoff_ms as number,
     backoffMaxMs: r.backoff_max_ms as number, misfire: r.misfire as TaskRow["misfire"], overlap: r.overlap as TaskRow["overlap"],
-    shard: r.shard as number, state: r.state as string, record: r.record, triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
+    shard: r.shard as number, state: r.state as string,
+    record: fullRecord(r.record, r.state as string, r.overlap as string, r.max_attempts as number), triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
     nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
     nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
     nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
@@ -168,7 +170,7 @@ export class Store {
              shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms, id)
            values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17,$18)`,
           [t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
-            t.overlap, shard, t.state, JSON.stringify(t.record), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id]);
+            t.overlap, shard, t.state, JSON.stringify(storedRecord(t.record)), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id]);
       } catch (e) {
         if ((e as { code?: string }).code === "23505") throw new InvalidInputError("name", t.name, "a task with this name already exists", "AX_E_CONFLICT");
         throw e;
@@ -251,7 +253,7 @@ export class Store {
           set.push(triggerSetEntry(trId, tr.kind, spec));
         }
         let rec = recordJson.get(t.record);
-        if (rec === undefined) { rec = cp(JSON.stringify(t.record)); recordJson.set(t.record, rec); }
+        if (rec === undefined) { rec = cp(JSON.stringify(storedRecord(t.record))); recordJson.set(t.record, rec); }
         const payload = t.payload === null || t.payload === undefined ? "null" : cp(JSON.stringify(t.payload));
         T.line(`${id}\t${cp(t.name)}\t${cp(t.executor)}\t${payload}\t${t.timeoutMs}\t${t.maxAttempts}\t${t.backoffMs}\t${t.backoffMaxMs}\t${cp(t.misfire)}\t${
           cp(t.overlap)}\t${shard}\t${cp(t.state)}\t${rec}\t{}\t${cp(t.nextDueMs)}\t${cp(t.nextSlotMs)}\t${cp(firstTrigger)}\t${cp(t.nextSource)}\t${
@@ -469,9 +471,9 @@ export class Store {
    */
   async runningRuns(shard: number): Promise<RunRow[]> {
     const r = await this.pool.query(`select r.* from tasks t
-      cross join lateral jsonb_array_elements_text(t.record->'context'->'inFlight') f(id)
+      cross join lateral jsonb_array_elements_text(t.record->'f') f(id)
       join runs r on r.id = f.id
-      where t.shard = $1 and t.record->'context'->'inFlight' <> '[]'::jsonb and r.state = 'running'`, [shard]);
+      where t.shard = $1 and t.record ? 'f' and r.state = 'running'`, [shard]);
     return r.rows.map(toRun);
   }
   async lastRunOf(taskId: number): Promise<RunRow | null> {
@@ -621,7 +623,7 @@ function taskUpdatesJson(writes: ShardWrite[]): string | null {
   const folded = new Map<number, unknown>();
   for (const w of writes) {
     for (const u of w.taskUpdates) {
-      folded.set(u.id, { id: u.id, shard: w.shard, state: u.state, record: u.record, slots: u.triggerSlots, due: u.nextDueMs, slot: u.nextSlotMs,
+      folded.set(u.id, { id: u.id, shard: w.shard, state: u.state, record: storedRecord(u.record), slots: u.triggerSlots, due: u.nextDueMs, slot: u.nextSlotMs,
         trig: u.nextTriggerId, source: u.nextSource, reason: u.nextReason, caused: u.nextCausedBy });
     }
   }

@@ -129,6 +129,23 @@ describe("store", () => {
     expect(await store.getRun("old0")).not.toBeNull();
   });
 
+  it("migration 8 rewrites a record of the older full form compactly; both forms read back as the same record", async () => {
+    const full = { value: "retry", context: { attempt: 2, maxAttempts: 3, overlap: "forbid", inFlight: [], lastRunId: "r-old", lastError: "boom", pausedAfterRun: false } };
+    const running = { value: "running", context: { attempt: 1, maxAttempts: 3, overlap: "allow", inFlight: ["r-a", "r-b"], lastRunId: "r-b", lastError: null, pausedAfterRun: true } };
+    const a = await store.createTask(newTask("old-form-a"));
+    const b = await store.createTask(newTask("old-form-b", { overlap: "allow" }));
+    await store.pool.query("update tasks set record = $1::jsonb, state = 'retry' where id = $2", [JSON.stringify(full), a.id]);
+    await store.pool.query("update tasks set record = $1::jsonb, state = 'running' where id = $2", [JSON.stringify(running), b.id]);
+    expect((await store.getTask(a.id))!.record).toEqual(full); // read as it is before the migration
+    await store.pool.query("delete from schema_migrations where version = 8");
+    expect((await store.migrate()).applied).toEqual([8]);
+    const raw = async (id: number) => (await store.pool.query("select record from tasks where id = $1", [id])).rows[0].record as unknown;
+    expect(await raw(a.id)).toEqual({ a: 2, r: "r-old", e: "boom" });
+    expect(await raw(b.id)).toEqual({ a: 1, f: ["r-a", "r-b"], r: "r-b", p: 1 });
+    expect((await store.getTask(a.id))!.record).toEqual(full);
+    expect((await store.getTask(b.id))!.record).toEqual(running);
+  });
+
   it("finds a shard's running runs through its tasks' in-flight lists, and only those", async () => {
     const t = await store.createTask(newTask("inflight", { shardOf: () => 3 }));
     const other = await store.createTask(newTask("idle", { shardOf: () => 3 }));
