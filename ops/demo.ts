@@ -12,7 +12,11 @@ const config = loadConfig(process.env, { AX_SHARDS: process.env.AX_SHARDS ?? "16
 const log = createLogger({ level: process.env.AX_LOG_LEVEL ?? "warn" });
 const port = Number(process.env.AX_DEMO_PORT ?? 8080);
 const node = new AxNode({ config, nodeId: "demo-node", httpPort: port, logger: log });
-await node.start();
+await node.start().catch((e: unknown) => {
+  // A refusal reads as one line (which setting, why), not a stack trace.
+  process.stderr.write(`ax demo: ${e instanceof Error ? e.message : String(e)}\n`);
+  process.exit(e instanceof AxError && e.code === "AX_E_CONFIG" ? 2 : 1);
+});
 const ex = new Executor({ name: "demo", namespace: config.namespace, natsUrl: config.natsUrl, logger: log, handler: demoHandler({ sleepMs: 300, failRate: 0, log }) });
 await ex.start();
 await ex.registered;

@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { AxError } from "../common/index.ts";
 import { errEnvelope, okEnvelope } from "./envelope.ts";
 import { DASHBOARD_HTML } from "./dashboard.ts";
 import type { AxNode } from "./node.ts";
@@ -44,7 +45,12 @@ export async function startHttp(node: AxNode, port: number): Promise<HttpServer>
   });
   // Loopback unless told otherwise (AX_HTTP_HOST=0.0.0.0 in a container, so a published port reaches it).
   const host = process.env.AX_HTTP_HOST || "127.0.0.1";
-  await new Promise<void>((resolve, reject) => { server.once("error", reject); server.listen(port, host, () => resolve()); });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", (e: NodeJS.ErrnoException) => reject(e.code === "EADDRINUSE" || e.code === "EACCES"
+      ? new AxError("AX_E_CONFIG", `cannot listen on ${host}:${port} (${e.code === "EADDRINUSE" ? "in use: another ax node or demo?" : "not allowed"}); choose another port (ax node --http PORT, AX_DEMO_PORT for the demo)`, { field: "port", value: port })
+      : e));
+    server.listen(port, host, () => resolve());
+  });
   const addr = server.address() as AddressInfo;
   return {
     address: `http://127.0.0.1:${addr.port}`,

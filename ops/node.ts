@@ -63,6 +63,17 @@ export class AxNode {
   ownedShards(): number[] { return this.supervisor.ownedShards(); }
 
   async start(): Promise<void> {
+    try {
+      await this.boot();
+    } catch (e) {
+      // Whatever was opened (pools, NATS, Redis, the HTTP port) is closed again, so a refused
+      // start ends the process instead of leaving it hanging on open handles.
+      await this.stop().catch(() => undefined);
+      throw e;
+    }
+  }
+
+  private async boot(): Promise<void> {
     const c = this.config;
     this.store = new Store({ pgUrl: c.pgUrl, schema: c.namespace, poolSize: 10 });
     const { applied } = await this.store.migrate();

@@ -1,3 +1,5 @@
+import { createServer } from "node:net";
+import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
@@ -286,6 +288,18 @@ describe("single node end to end", () => {
       expect(r.code, `${args.join(" ")} → ${r.stderr}`).toBe(2);
       expect(r.stderr).toMatch(re);
     }
+  });
+
+  it("a node whose HTTP port is taken exits with code 2 naming the port, and does not hang on what it opened", async () => {
+    const blocker = createServer();
+    await new Promise<void>((r) => blocker.listen(0, "127.0.0.1", () => r()));
+    const port = (blocker.address() as AddressInfo).port;
+    try {
+      const r = await tc.cli(["node", "--id", "port-taken", "--http", String(port)], 20_000);
+      expect(r.code, r.stderr).toBe(2);
+      expect(r.stderr).toContain(`cannot listen on 127.0.0.1:${port}`);
+      expect(r.stderr).not.toMatch(/\n\s+at /); // one line, no stack trace
+    } finally { await new Promise((r) => blocker.close(r)); }
   });
 
   it("the CLI reads back what happened: runs --json, why, task show/preview, status", async () => {
