@@ -357,12 +357,17 @@ export class ShardActor {
     }
   }
 
+  /** The task's entry in the wheel, cancelled and forgotten (undefined if it had none). */
+  private takeOffWheel(id: number): { dueMs: number; inRedis: boolean } | undefined {
+    const w = this.inWheel.get(id);
+    if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(id); }
+    return w;
+  }
+
   /** Takes the task's due time off the wheel and, where the due index may hold it, out of Redis. */
   private unschedule(round: Round, id: number): void {
-    const w = this.inWheel.get(id);
+    const w = this.takeOffWheel(id);
     if (w) {
-      this.wheel.cancel(w.ref);
-      this.inWheel.delete(id);
       if (!w.inRedis) return;
     } else if (round.notInRedis.delete(id)) {
       return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
@@ -575,8 +580,7 @@ export class ShardActor {
       case "load": {
         if (lt.row.nextDueMs !== null) {
           // The index entry the API wrote stays: the wheel's copy is marked as having one.
-          const w = this.inWheel.get(lt.row.id);
-          if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(lt.row.id); }
+          this.takeOffWheel(lt.row.id);
           this.schedule(round, lt.row.id, lt.row.nextDueMs, true);
         }
         reply({ ok: true });
@@ -752,8 +756,7 @@ export class ShardActor {
       if (w.dueMs === it.dueMs) continue;
       const row = this.live.get(it.id)?.row;
       if (!row || row.nextDueMs === null || row.nextDueMs === w.dueMs) continue; // the wheel's copy stands (or onDue skips both)
-      this.wheel.cancel(w.ref);
-      this.inWheel.delete(it.id);
+      this.takeOffWheel(it.id);
       this.schedule(round, it.id, row.nextDueMs);
     }
   }
