@@ -2,6 +2,7 @@ export { ShardActor, type ShardActorDeps, type ShardCommand, type CommandReply, 
 export { nextPointer, backoffMs, compiledOf, type Pointer } from "./shard/schedule.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
 export { Persister } from "./persister.ts";
+export { NodeEvents } from "./events/index.ts";
 export { InFlightLimiter } from "./limiter.ts";
 export { Store, DueIndex, findCycle } from "./store/index.ts";
 export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, ShardWrite } from "./store/index.ts";

@@ -1,29 +1,86 @@
-import type { Logger } from "../common/index.ts";
-import type { ShardWrite, Store } from "./store/index.ts";
+import type { JetStreamClient } from "@nats-io/jetstream";
+import { atWallTime, type Clock, type Logger, type Names } from "../common/index.ts";
+import { encode, type DispatchRun } from "../protocol/index.ts";
+import type { DispatchRecord, ShardWrite, Store } from "./store/index.ts";
+
+/** A run to dispatch, with the shard whose round fired it (a node message carries many shards). */
+export type ShardDispatchRun = DispatchRun & { shard: number };
+
+export interface PersisterDeps {
+  store: Store;
+  log: Logger;
+  js: JetStreamClient;
+  names: Names;
+  nodeId: string;
+  /** Wall clock for release times and the dispatch records' age. */
+  clock: Clock;
+  /**
+   * Asked at each release for every shard with runs in the message: may it still dispatch (its
+   * actor not fenced, its lease valid)? Runs of a shard that may not stay recorded and unstarted;
+   * the shard's next owner publishes their recorded message (ShardActor.start).
+   */
+  mayRelease: (shard: number) => boolean;
+  /** Told of each published run and when (lateness metrics). */
+  onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number) => void;
+  /** Batches in flight at once (each one transaction on its own connection). */
+  lanes?: number;
+}
 
 /**
- * Write-behind for every shard actor of a node: writes submitted while a batch is being
- * written are coalesced into the next one, so PostgreSQL sees one fenced transaction per
- * round for all shards instead of one per shard per tick. Each submitter learns whether its
- * shard's epoch was still current.
+ * Release times are rounded UP to this grid: the runs due within one step share a message (a
+ * JetStream publish each step and executor, not each run), and none is published before its due
+ * time. A run is at most this much later than a publish at its exact time would be.
+ */
+const RELEASE_STEP_MS = 2;
+
+interface Message { id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[] }
+
+export interface Submitted {
+  /** The shard's epoch was no longer current: nothing of its write landed, and none of its runs were published. */
+  stale: boolean;
+  /** Resolves when the runs of this batch were handed to JetStream (or their publish gave up and was logged). */
+  published: Promise<void>;
+}
+
+/** Runs per dispatch message: big enough to amortise a JetStream publish, small enough for a few KB payloads each under 1 MB. */
+const RUNS_PER_MESSAGE = 256;
+/** Roughly the bytes of a message before it is cut (payloads vary; NATS refuses messages over its max_payload, 1 MB by default). */
+const BYTES_PER_MESSAGE = 512 * 1024;
+
+/**
+ * The node's round. Shard actors submit what their rounds decided (a fenced write and the runs to
+ * dispatch); everything submitted while a batch is being written goes into the next one, so
+ * PostgreSQL sees one fenced transaction for all shards of the node, and JetStream one dispatch
+ * message per executor (runs of many shards, each tagged with its shard) instead of one per
+ * shard per tick. With 64 shards on a node the per-shard messages were what overloaded
+ * nats-server (lease renewals timed out behind them).
  *
- * Up to `lanes` batches are in flight at once (each one transaction on its own connection).
- * Order is safe without more: a shard actor submits its next round only after the previous
- * one was written, so one shard never has two writes in flight, and the batches of different
- * shards touch disjoint rows. A second lane only starts while the first is busy, so under load
- * writes still coalesce into large batches; it removes the wait behind a batch already on the
- * wire from the latency of a round.
+ * Order of effects, per batch: the message ids are fixed and written with the runs (each run row
+ * names its message; the message's run list goes to `dispatches`) → commit → publish. A crash
+ * between commit and publish leaves runs `running` and unstarted; whichever node loads one of
+ * their shards publishes the whole recorded message again under the same id (ShardActor.start),
+ * and JetStream drops the copy if the first publish had landed.
+ *
+ * Up to `lanes` batches are in flight at once. Order is safe without more: a shard actor submits
+ * its next round only after the previous one was written, so one shard never has two writes in
+ * flight, and the batches of different shards touch disjoint rows. A second lane only starts
+ * while the first is busy, so under load writes still coalesce into large batches.
  */
 export class Persister {
-  private queue: Array<{ write: ShardWrite; resolve: (stale: boolean) => void; reject: (e: unknown) => void }> = [];
+  private queue: Array<{ write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }> = [];
   private inFlight = 0;
-  readonly stats = { batches: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0 };
-  constructor(private readonly store: Store, private readonly log: Logger, private readonly lanes = 2) {}
+  private readonly lanes: number;
+  /** Written messages waiting for their release time, by run id (see withdraw()). */
+  private readonly held = new Map<string, Message>();
+  readonly stats = { batches: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
+  constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
-  submit(write: ShardWrite): Promise<boolean> {
-    if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length) return Promise.resolve(false);
+  submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
+    if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length && !dispatch.size) {
+      return Promise.resolve({ stale: false, published: Promise.resolve() });
+    }
     return new Promise((resolve, reject) => {
-      this.queue.push({ write, resolve, reject });
+      this.queue.push({ write, dispatch, resolve, reject });
       if (this.inFlight < this.lanes) void this.drain();
     });
   }
@@ -35,9 +92,13 @@ export class Persister {
         const batch = this.queue.splice(0, 256);
         const t0 = performance.now();
         try {
-          const { stale } = await this.writeWithRetry(batch.map((b) => b.write));
+          const messages = this.compose(batch);
+          const createdMs = this.d.clock.now();
+          const records: DispatchRecord[] = messages.map((m) => ({ id: m.id, executor: m.executor, node: this.d.nodeId, runIds: m.runs.map((r) => r.runId), createdMs }));
+          const { stale } = await this.writeWithRetry(batch.map((b) => b.write), records);
           const staleSet = new Set(stale);
-          for (const b of batch) b.resolve(staleSet.has(b.write.shard));
+          const published = this.publish(messages, staleSet);
+          for (const b of batch) b.resolve({ stale: staleSet.has(b.write.shard), published });
           this.stats.batches++;
           this.stats.maxBatchWrites = Math.max(this.stats.maxBatchWrites, batch.length);
           this.stats.rows += batch.reduce((n, b) => n + b.write.runInserts.length + b.write.runUpdates.length + b.write.taskUpdates.length, 0);
@@ -51,17 +112,126 @@ export class Persister {
     }
   }
 
-  private async writeWithRetry(writes: ShardWrite[]): Promise<{ stale: number[] }> {
+  /**
+   * One message per executor and release time (runs fired at once go out at once; runs written
+   * ahead of their due time wait for it, rounded up to RELEASE_STEP_MS), cut at RUNS_PER_MESSAGE
+   * runs or about BYTES_PER_MESSAGE. Its id is fixed before the write and written on every run it carries.
+   */
+  private compose(batch: ReadonlyArray<{ write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]> }>): Message[] {
+    const groups = new Map<string, { executor: string; releaseAt: number; runs: ShardDispatchRun[] }>();
+    const now = this.d.clock.now();
+    for (const b of batch) {
+      for (const [executor, runs] of b.dispatch) {
+        for (const r of runs) {
+          const releaseAt = r.firedAt <= now ? 0 : Math.ceil(r.firedAt / RELEASE_STEP_MS) * RELEASE_STEP_MS;
+          const key = `${releaseAt}|${executor}`;
+          let g = groups.get(key);
+          if (!g) { g = { executor, releaseAt, runs: [] }; groups.set(key, g); }
+          g.runs.push(r);
+        }
+      }
+    }
+    if (!groups.size) return [];
+    const inserts = new Map<string, ShardWrite["runInserts"][number]>();
+    for (const b of batch) for (const r of b.write.runInserts) inserts.set(r.id, r);
+    const out: Message[] = [];
+    for (const { executor, releaseAt, runs } of groups.values()) {
+      let chunk: ShardDispatchRun[] = [];
+      let bytes = 0;
+      const cut = () => {
+        if (!chunk.length) return;
+        const id = `d:${chunk[0]!.runId}`;
+        for (const r of chunk) { const row = inserts.get(r.runId); if (row) row.dispatchId = id; }
+        out.push({ id, executor, releaseAt, runs: chunk });
+        chunk = []; bytes = 0;
+      };
+      for (const r of runs) {
+        const size = 200 + (r.payload === null || r.payload === undefined ? 0 : JSON.stringify(r.payload).length);
+        if (chunk.length && (chunk.length >= RUNS_PER_MESSAGE || bytes + size > BYTES_PER_MESSAGE)) cut();
+        chunk.push(r);
+        bytes += size;
+      }
+      cut();
+    }
+    return out;
+  }
+
+  /**
+   * Takes a written run out of its message before the message is released (the task was paused,
+   * cancelled or removed before the run's due time). True if it will not be published; false if
+   * it was published already (or is not held here).
+   */
+  withdraw(runId: string): boolean {
+    const m = this.held.get(runId);
+    if (!m) return false;
+    this.held.delete(runId);
+    m.runs = m.runs.filter((r) => r.runId !== runId);
+    this.stats.withdrawn++;
+    return true;
+  }
+
+  /**
+   * Publishes a written batch's messages (runs of stale shards left out): at once when they were
+   * fired at their due time, at their release time when they were written ahead of it. A failed
+   * publish is retried under the same id, then logged: its runs time out and retry.
+   */
+  private publish(messages: Message[], stale: ReadonlySet<number>): Promise<void> {
+    if (!messages.length) return Promise.resolve();
+    return Promise.all(messages.map((m) => {
+      if (stale.size) m.runs = m.runs.filter((r) => !stale.has(r.shard));
+      if (!m.runs.length) return undefined;
+      if (m.releaseAt <= this.d.clock.now()) return this.release(m);
+      for (const r of m.runs) this.held.set(r.runId, m);
+      this.stats.held += m.runs.length;
+      return new Promise<void>((resolve) => atWallTime(this.d.clock, m.releaseAt, () => {
+        for (const r of m.runs) this.held.delete(r.runId);
+        void this.release(m).then(resolve);
+      }));
+    })).then(() => undefined);
+  }
+
+  private release(m: Message): Promise<void> {
+    const runs = m.runs.filter((r) => this.d.mayRelease(r.shard));
+    this.stats.notReleased += m.runs.length - runs.length;
+    if (!runs.length) return Promise.resolve();
+    this.stats.messages++;
+    const at = this.d.clock.now();
+    return publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs).then(
+      () => this.d.onReleased?.(runs, at),
+      (e) => {
+        this.stats.publishFailures++;
+        this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed; its runs time out and retry");
+      });
+  }
+
+  private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.store.writeBatch(writes);
+        return await this.d.store.writeBatch(writes, records);
       } catch (e) {
         // PostgreSQL restarting or a serialization hiccup: retry briefly; the caller keeps its
         // effects (dispatches, acks) until the write is in.
         if (attempt >= 8) throw e;
-        this.log.warn({ err: String(e), attempt }, "batch write failed; retrying");
+        this.d.log.warn({ err: String(e), attempt }, "batch write failed; retrying");
         await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
       }
+    }
+  }
+}
+
+/**
+ * Publishes a v2 dispatch message under `msgID`, retrying a few times with the same id (JetStream
+ * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
+ */
+export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>): Promise<void> {
+  const data = encode({ v: 2, node: nodeId, runs });
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 5000 });
+      return;
+    } catch (e) {
+      if (attempt >= 3) throw e;
+      await new Promise((r) => setTimeout(r, 100 * 2 ** attempt));
     }
   }
 }

@@ -12,6 +12,15 @@ export interface Clock {
 }
 export interface TimerHandle { readonly id: number }
 
+/**
+ * Runs `fn` once the wall clock reads `atMs` or later: a timer measured on the monotonic clock
+ * may come a little early against the wall clock, and a due time must never be met early.
+ */
+export function atWallTime(clock: Clock, atMs: number, fn: () => void): void {
+  const left = atMs - clock.now();
+  if (left > 0) clock.setTimeout(() => atWallTime(clock, atMs, fn), left); else fn();
+}
+
 export class SystemClock implements Clock {
   private readonly handles = new Map<number, NodeJS.Timeout>();
   private seq = 0;

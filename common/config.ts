@@ -13,6 +13,8 @@ export interface AxConfig {
   namespace: string;
   shardCount: number;
   tickMs: number;
+  /** How long before its due time a run is decided and recorded (then published at the due time). */
+  leadMs: number;
   wheelSize: number;
   maxInFlightPerExecutor: number;
   leaseTtlMs: number;
@@ -28,6 +30,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_NAMESPACE: "ax",
   AX_SHARDS: "64",
   AX_TICK: "20ms",
+  AX_LEAD: "100ms",
   AX_WHEEL_SIZE: "512",
   AX_MAX_IN_FLIGHT: "5000",
   AX_LEASE_TTL: "6s",
@@ -43,6 +46,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_NAMESPACE: "isolates PG schema, Redis keys, NATS subjects/streams/KV ([a-z][a-z0-9_]*, <= 32 chars)",
   AX_SHARDS: "shard count, fixed when the cluster is first created",
   AX_TICK: "wheel tick",
+  AX_LEAD: "how long before its due time a run is decided and recorded; it is published at the due time",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
@@ -89,6 +93,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     namespace,
     shardCount: int("AX_SHARDS", get("AX_SHARDS"), 1, 4096),
     tickMs: dur("AX_TICK", get("AX_TICK")),
+    leadMs: dur("AX_LEAD", get("AX_LEAD")),
     wheelSize: int("AX_WHEEL_SIZE", get("AX_WHEEL_SIZE"), 8, 1 << 20),
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
@@ -115,6 +120,8 @@ export function names(namespace: string) {
     dispatchWildcard: `${namespace}.dispatch.>`,
     eventsSubject: (shard: number) => `${namespace}.events.${shard}`,
     eventsWildcard: `${namespace}.events.>`,
+    /** Events of the runs a node dispatched (v2); inside eventsWildcard, outside every per-shard filter. */
+    nodeEventsSubject: (nodeId: string) => `${namespace}.events.n.${nodeId}`,
     outcomeSubject: (shard: number) => `${namespace}.outcome.${shard}`,
     outcomeWildcard: `${namespace}.outcome.>`,
     triggerSubject: (shard: number) => `${namespace}.trigger.${shard}`,

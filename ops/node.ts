@@ -2,14 +2,16 @@ import { hostname } from "node:os";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { InvalidInputError, RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
-import { DependencyActor, DueIndex, InFlightLimiter, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
+import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope } from "./envelope.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
+
+const NODE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
 export interface NodeOptions {
   config: AxConfig;
@@ -42,6 +44,8 @@ export class AxNode {
   private persister!: Persister;
   private limiter!: InFlightLimiter;
   private deps!: DependencyActor;
+  private nodeEvents: NodeEvents | null = null;
+  private orphanTimer: NodeJS.Timeout | null = null;
   private actors = new Map<number, ShardActor>();
   private subs: Subscription[] = [];
   private http: HttpServer | null = null;
@@ -53,6 +57,8 @@ export class AxNode {
   constructor(private readonly opts: NodeOptions) {
     this.config = opts.config;
     this.id = opts.nodeId ?? `${hostname().replace(/[^A-Za-z0-9_-]/g, "-")}-${process.pid}`;
+    // The id names NATS subjects and a durable consumer: no dots, wildcards or spaces.
+    if (!NODE_ID_RE.test(this.id)) throw new InvalidInputError("id", this.id, "a node id is 1-64 letters, digits, _ or -");
     this.names = names(opts.config.namespace);
     this.clock = opts.clock ?? new SystemClock();
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
@@ -92,7 +98,12 @@ export class AxNode {
     const bucketTtlMs = (await kv.status()).ttl;
     const leaseTtlMs = bucketTtlMs > 0 ? bucketTtlMs : c.leaseTtlMs;
     if (leaseTtlMs !== c.leaseTtlMs) this.log.warn({ configured: c.leaseTtlMs, bucket: leaseTtlMs }, "AX_LEASE_TTL differs from the lease bucket's TTL; using the bucket's");
-    this.persister = new Persister(this.store, this.log);
+    this.persister = new Persister({
+      store: this.store, log: this.log, js: this.js, names: this.names, nodeId: this.id, clock: this.clock,
+      // A run is released only by a shard that is still this node's (not fenced, lease valid).
+      mayRelease: (shard) => (this.actors.get(shard)?.releasable ?? false) && this.supervisor.leaseValid(shard),
+      onReleased: (runs, at) => { for (const r of runs) this.metrics.lateness.observe(Math.max(0, at - r.scheduledAt) / 1000); },
+    });
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
 
@@ -121,14 +132,32 @@ export class AxNode {
         }, (e) => msg.respond(JSON.stringify(errEnvelope(e))));
       },
     }));
+    // Events of the runs this node dispatches: the consumer exists before the first dispatch.
+    this.nodeEvents = new NodeEvents({
+      js: this.js, jsm, names: this.names, nodeId: this.id, clock: this.clock, log: this.log,
+      sinkOf: (shard) => this.actors.get(shard),
+      pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(leaseTtlMs / 3))),
+    });
+    await this.nodeEvents.start();
     // Hand-over hints, rebalance plans and operator kicks are the supervisor's own subscriptions.
     this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log });
     await this.deps.start();
     await this.supervisor.start();
     this.pruneTimer = setInterval(() => {
       void this.store.pruneRuns(this.clock.now() - c.retentionMs).then((n) => { if (n) this.log.info({ pruned: n }, "run history pruned"); }, () => undefined);
+      // Message records serve re-publishing inside JetStream's 2-minute duplicate window only.
+      void this.store.pruneDispatches(this.clock.now() - 600_000).catch(() => undefined);
     }, 60_000);
     this.pruneTimer.unref();
+    // Nodes that are gone may have left events behind; drained once this node has seen the
+    // cluster for a while (a node that just started does not know who is alive yet).
+    const since = this.clock.monotonic();
+    this.orphanTimer = setInterval(() => {
+      if (this.clock.monotonic() - since < Math.max(10_000, 5 * c.heartbeatMs)) return;
+      const live = new Set(this.supervisor.liveMembers().map((m) => m.id));
+      void this.nodeEvents?.drainOrphans(live).catch((e) => this.log.warn({ err: String(e) }, "draining the events of gone nodes failed"));
+    }, 5_000);
+    this.orphanTimer.unref();
     this.log.info({ http: this.http?.address ?? null, shards: this.shardCount }, "node started");
   }
 
@@ -137,13 +166,13 @@ export class AxNode {
     const forget = () => { if (this.actors.get(shard) === actor) this.actors.delete(shard); this.metrics.shards.set(this.actors.size); };
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
-      names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize,
+      names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
       leaseValid: () => this.supervisor.leaseValid(shard),
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
-        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.metrics.lateness.observe(Math.max(0, e.lateMs) / 1000); this.firedWindow.add(this.clock.monotonic()); },
+        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
       },
     });
@@ -191,6 +220,7 @@ export class AxNode {
       tasks: r.rows[0].tasks, running: r.rows[0].running, executors,
       firedPerSec: nodes.reduce((n, x) => n + x.load.firedPerSec, 0),
       persister: this.persister.stats,
+      events: this.nodeEvents?.stats ?? null,
     };
   }
 
@@ -199,7 +229,9 @@ export class AxNode {
     this.stopped = true;
     this.log.info("node stopping: no new fires, flushing, releasing leases");
     if (this.pruneTimer) clearInterval(this.pruneTimer);
+    if (this.orphanTimer) clearInterval(this.orphanTimer);
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
+    await this.nodeEvents?.stop();
     await this.deps?.stop();
     for (const s of this.subs) s.unsubscribe();
     await this.http?.close();

@@ -65,7 +65,7 @@ interface ActiveRun {
   timedOut: Error | null;
   /** Rejects the run's wait for an async handler when the deadline passes. */
   onTimeout: ((e: Error) => void) | null;
-  shard: number;
+  route: Route;
   taskId: number;
 }
 
@@ -81,12 +81,17 @@ function decodeDispatch(data: Uint8Array): ReturnType<typeof decode<DispatchBatc
   let v: unknown;
   try { v = JSON.parse(utf8.decode(data)); } catch { return decode(DispatchBatchSchema, data); }
   const b = v as Record<string, unknown>;
-  if (b !== null && typeof b === "object" && b.v === 1 && isInt(b.shard, 0) && isInt(b.epoch, 0) && typeof b.node === "string"
-    && Array.isArray(b.runs) && b.runs.length >= 1 && (b.runs as unknown[]).every(isDispatchRun)) {
-    return { ok: true, value: b as unknown as DispatchBatch };
+  if (b !== null && typeof b === "object" && typeof b.node === "string" && Array.isArray(b.runs) && b.runs.length >= 1) {
+    if (b.v === 2 && NODE_ID_RE.test(b.node) && (b.runs as unknown[]).every((r) => isDispatchRun(r) && isInt((r as { shard?: unknown }).shard, 0))) {
+      return { ok: true, value: b as unknown as DispatchBatch };
+    }
+    if (b.v === 1 && isInt(b.shard, 0) && isInt(b.epoch, 0) && (b.runs as unknown[]).every(isDispatchRun)) {
+      return { ok: true, value: b as unknown as DispatchBatch };
+    }
   }
   return decode(DispatchBatchSchema, data);
 }
+const NODE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 function isDispatchRun(x: unknown): boolean {
   if (x === null || typeof x !== "object") return false;
   const r = x as Record<string, unknown>;
@@ -94,6 +99,14 @@ function isDispatchRun(x: unknown): boolean {
     && isInt(r.attempt, 1) && typeof r.source === "string" && RUN_SOURCES.has(r.source) && isInt(r.scheduledAt, 0) && isInt(r.firedAt, 0)
     && isInt(r.timeoutMs, 1);
 }
+
+/**
+ * Where a run's events go: to the node that dispatched it (v2, `n:<node>`, each event tagged with
+ * its shard) or to its shard's subject (v1, `s:<shard>`). The key groups buffered events.
+ */
+type Route = { key: string; node: string | null; shard: number };
+const routeOf = (batch: DispatchBatch, run: DispatchRun): Route =>
+  batch.v === 2 ? { key: `n:${batch.node}`, node: batch.node, shard: run.shard! } : { key: `s:${batch.shard}`, node: null, shard: batch.shard };
 
 /**
  * The executor SDK. Pulls dispatch batches from the executor's durable consumer, runs the
@@ -128,7 +141,8 @@ export class Executor {
   private readonly finishedCap = 100_000;
   private slots: number;
   private slotWaiters: Array<() => void> = [];
-  private pending = new Map<number, RunEvent[]>();
+  /** Buffered events by route key (see Route); each list carries its route. */
+  private pending = new Map<string, { route: Route; events: RunEvent[] }>();
   private flushTimer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> = Promise.resolve();
   private loop: Promise<void> | null = null;
@@ -221,7 +235,7 @@ export class Executor {
         if (m.info.deliveryCount > 1 && Date.now() > run.firedAt + run.timeoutMs) { this.stats.expired++; continue; }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
         this.slots--;
-        runs.push(this.execute(batch.shard, run).finally(() => {
+        runs.push(this.execute(routeOf(batch, run), run).finally(() => {
           this.slots++;
           this.slotWaiters.shift()?.();
         }));
@@ -234,18 +248,18 @@ export class Executor {
     }
   }
 
-  private async execute(shard: number, run: DispatchRun): Promise<void> {
+  private async execute(route: Route, run: DispatchRun): Promise<void> {
     const now = performance.now();
     const hbEvery = Math.min(10_000, Math.max(250, Math.floor(run.timeoutMs / 3)));
     // Timeouts and heartbeats of every active run are served by one sweeper timer (sweep()),
     // not two timers per run: at thousands of runs a second the per-run timers cost more than
     // the runs.
-    const a: ActiveRun = { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac: null, timedOut: null, onTimeout: null, shard, taskId: run.taskId };
+    const a: ActiveRun = { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac: null, timedOut: null, onTimeout: null, route, taskId: run.taskId };
     this.active.set(run.runId, a);
     this.ensureSweeper();
     this.stats.runs++;
     const started: RunEvent = { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now() };
-    const startedUnsentIn = this.emit(shard, started);
+    const startedUnsentIn = this.emit(route, started);
     let failure: Failure | null = null;
     try {
       // The handler runs in a microtask, as before (a synchronous throw is a failure like a rejection).
@@ -275,11 +289,11 @@ export class Executor {
     const end: RunEvent = failure
       ? { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure }
       : { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() };
-    if (this.pending.get(shard) === startedUnsentIn) {
+    if (this.pending.get(route.key)?.events === startedUnsentIn) {
       // The start was not sent yet (short run): the end takes its place and carries its time.
       Object.assign(started, end, { startedAt: started.at });
     } else {
-      this.emit(shard, end);
+      this.emit(route, end);
     }
   }
 
@@ -301,7 +315,7 @@ export class Executor {
       }
       if (now >= a.nextHb) {
         a.nextHb += a.hbEvery * Math.max(1, Math.ceil((now - a.nextHb) / a.hbEvery));
-        this.emit(a.shard, { type: "progress", runId, taskId: a.taskId, at: Date.now() });
+        this.emit(a.route, { type: "progress", runId, taskId: a.taskId, at: Date.now() });
       }
     }
   }
@@ -312,33 +326,36 @@ export class Executor {
   }
 
   /** Buffers an event; returns the buffer it went into (still unsent while it is `pending`'s). */
-  private emit(shard: number, ev: RunEvent): RunEvent[] {
-    let list = this.pending.get(shard);
-    if (!list) { list = []; this.pending.set(shard, list); }
-    list.push(ev);
-    if (list.length >= 500) void this.flush();
+  private emit(route: Route, ev: RunEvent): RunEvent[] {
+    if (route.node !== null) ev.shard = route.shard;
+    let p = this.pending.get(route.key);
+    if (!p) { p = { route, events: [] }; this.pending.set(route.key, p); }
+    p.events.push(ev);
+    if (p.events.length >= 500) void this.flush();
     else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush(); }, this.opts.eventFlushMs ?? 5);
-    return list;
+    return p.events;
   }
 
   /** Publishes every buffered event; resolves when JetStream stored them (and anything flushed before). */
   flush(): Promise<void> {
     if (this.flushTimer) { clearTimeout(this.flushTimer); this.flushTimer = null; }
-    const batches = [...this.pending];
+    const batches = [...this.pending.values()];
     this.pending = new Map();
     const prev = this.flushing;
     this.flushing = (async () => {
       await prev;
-      await Promise.all(batches.map(async ([shard, events]) => {
+      await Promise.all(batches.map(async ({ route, events }) => {
         const msgID = `e:${this.instance}:${++this.eventSeq}`;
-        const data = encode({ v: 1, executor: this.name, instance: this.instance, shard, events });
+        const [subject, data] = route.node !== null
+          ? [this.n.nodeEventsSubject(route.node), encode({ v: 2, executor: this.name, instance: this.instance, node: route.node, events })]
+          : [this.n.eventsSubject(route.shard), encode({ v: 1, executor: this.name, instance: this.instance, shard: route.shard, events })];
         for (let attempt = 0; ; attempt++) {
           try {
-            await this.js!.publish(this.n.eventsSubject(shard), data, { msgID, timeout: 5000 });
+            await this.js!.publish(subject, data, { msgID, timeout: 5000 });
             return;
           } catch (e) {
             // Same msgID on retry: JetStream de-duplicates a publish that did land.
-            if (attempt >= 20) { this.log.error({ err: e, shard, events: events.length }, "events could not be published"); throw e; }
+            if (attempt >= 20) { this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published"); throw e; }
             await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
           }
         }

@@ -1,11 +1,11 @@
 export {
-  DispatchBatchSchema, DispatchRunSchema, EventBatchSchema, RunEventSchema, OutcomeSchema, OutcomeBatchSchema, DependencyTriggerSchema, FailureSchema,
+  DispatchBatchSchema, DispatchRunSchema, EventBatchSchema, EventBatchV1Schema, EventBatchV2Schema, RunEventSchema, OutcomeSchema, OutcomeBatchSchema, DependencyTriggerSchema, FailureSchema,
   RunSourceSchema, WIRE_SCHEMAS, decode, encode,
-  type DispatchBatch, type DispatchRun, type EventBatch, type RunEvent, type Outcome, type OutcomeBatch, type DependencyTrigger, type Failure, type Decoded,
+  type DispatchBatch, type DispatchBatchV2, type DispatchRun, type EventBatch, type EventBatchV1, type RunEvent, type Outcome, type OutcomeBatch, type DependencyTrigger, type Failure, type Decoded,
 } from "./messages.ts";
 export { newRunId, derivedRunId } from "./ids.ts";
 export {
-  ensureStreams, ensureExecutorConsumer, ensureShardConsumers, dropStreams,
-  shardEventsConsumer, shardTriggerConsumer, DEPENDENCY_CONSUMER,
+  ensureStreams, ensureExecutorConsumer, ensureShardConsumers, ensureNodeEventsConsumer, dropStreams,
+  shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
 export { Executor, NonRetryableError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";

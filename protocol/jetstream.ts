@@ -62,6 +62,19 @@ export async function ensureExecutorConsumer(jsm: JetStreamManager, n: Names, ex
 export const shardEventsConsumer = (shard: number) => `shard_${shard}_events`;
 export const shardTriggerConsumer = (shard: number) => `shard_${shard}_trigger`;
 export const DEPENDENCY_CONSUMER = "dependency_actor";
+/** The durable through which a node reads the events of the runs it dispatched (EventBatch v2). */
+export const nodeEventsConsumer = (nodeId: string) => `node_${nodeId}_events`;
+export const NODE_EVENTS_CONSUMER_RE = /^node_([A-Za-z0-9_-]+)_events$/;
+
+/**
+ * Created before the node dispatches anything: the events stream keeps a message only while a
+ * consumer is interested in its subject, so an event published with no such consumer is gone.
+ */
+export async function ensureNodeEventsConsumer(jsm: JetStreamManager, n: Names, nodeId: string): Promise<string> {
+  const durable = nodeEventsConsumer(nodeId);
+  await ensureConsumer(jsm, n.eventsStream, durable, n.nodeEventsSubject(nodeId), 10_000, 20_000);
+  return durable;
+}
 /**
  * Outcomes and dependency triggers are handled in milliseconds and idempotently (edge
  * bookkeeping, run ids derived from the trigger key): a short ack wait lets a message pulled

@@ -21,16 +21,29 @@ export const DispatchRunSchema = z.object({
   scheduledAt: ms.describe("the time the run was due (epoch ms)"),
   firedAt: ms,
   timeoutMs: z.number().int().positive(),
+  /** v2 batches: the shard of the run (its events go back tagged with it). */
+  shard: z.number().int().nonnegative().optional(),
 });
 
-/** Subject `<ns>.dispatch.<executor>`; JetStream message id = `d:<first runId>`. */
-export const DispatchBatchSchema = z.object({
+/**
+ * Subject `<ns>.dispatch.<executor>`; JetStream message id = `d:<first runId>`.
+ * v1: every run of one shard (`shard`, `epoch`); events go to `<ns>.events.<shard>`.
+ * v2: one message per executor per node round, runs of many shards (each run names its
+ * `shard`); events go to `<ns>.events.n.<node>` as an EventBatch v2.
+ */
+export const DispatchBatchV1Schema = z.object({
   v: z.literal(1),
   shard: z.number().int().nonnegative(),
   epoch: z.number().int().nonnegative(),
   node: z.string(),
   runs: z.array(DispatchRunSchema).min(1),
 });
+export const DispatchBatchV2Schema = z.object({
+  v: z.literal(2),
+  node: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/),
+  runs: z.array(DispatchRunSchema.extend({ shard: z.number().int().nonnegative() })).min(1),
+});
+export const DispatchBatchSchema = z.discriminatedUnion("v", [DispatchBatchV1Schema, DispatchBatchV2Schema]);
 
 export const FailureSchema = z.object({
   message: z.string(),
@@ -50,16 +63,31 @@ export const RunEventSchema = z.object({
    * row update fewer per short run); the scheduler records it as the start.
    */
   startedAt: ms.optional(),
+  /** In an EventBatch v2: the shard of the run (from its dispatch). */
+  shard: z.number().int().nonnegative().optional(),
 });
 
-/** Subject `<ns>.events.<shard>`, published by executors. */
-export const EventBatchSchema = z.object({
+/** v1: subject `<ns>.events.<shard>`, every event of one shard; read by that shard's owner. */
+export const EventBatchV1Schema = z.object({
   v: z.literal(1),
   executor: z.string(),
   instance: z.string(),
   shard: z.number().int().nonnegative(),
   events: z.array(RunEventSchema).min(1),
 });
+/**
+ * v2: subject `<ns>.events.n.<node>`, the events of runs that `node` dispatched (v2 dispatch),
+ * each tagged with its shard. The node applies those of shards it owns and forwards the rest
+ * as v1 batches to the shards' own subjects.
+ */
+export const EventBatchV2Schema = z.object({
+  v: z.literal(2),
+  executor: z.string(),
+  instance: z.string(),
+  node: z.string(),
+  events: z.array(RunEventSchema.extend({ shard: z.number().int().nonnegative() })).min(1),
+});
+export const EventBatchSchema = z.discriminatedUnion("v", [EventBatchV1Schema, EventBatchV2Schema]);
 
 /** One run chain's end, as the DependencyActor needs it. */
 export const OutcomeSchema = z.object({
@@ -86,8 +114,10 @@ export const DependencyTriggerSchema = z.object({
 
 export type DispatchRun = z.infer<typeof DispatchRunSchema>;
 export type DispatchBatch = z.infer<typeof DispatchBatchSchema>;
+export type DispatchBatchV2 = z.infer<typeof DispatchBatchV2Schema>;
 export type RunEvent = z.infer<typeof RunEventSchema>;
 export type EventBatch = z.infer<typeof EventBatchSchema>;
+export type EventBatchV1 = z.infer<typeof EventBatchV1Schema>;
 export type Outcome = z.infer<typeof OutcomeSchema>;
 export type OutcomeBatch = z.infer<typeof OutcomeBatchSchema>;
 export type DependencyTrigger = z.infer<typeof DependencyTriggerSchema>;

@@ -1,15 +1,16 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
-import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
+import type { JetStreamClient, ConsumerMessages } from "@nats-io/jetstream";
+import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchSchema, decode, derivedRunId, encode, newRunId, shardEventsConsumer, shardTriggerConsumer,
+  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, newRunId, shardEventsConsumer, shardTriggerConsumer,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import { HashedWheel, type WheelRef } from "../wheel/index.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
-import type { Persister } from "../persister.ts";
+import type { Ackable, EventSink } from "../events/index.ts";
+import { publishDispatch, type Persister, type ShardDispatchRun } from "../persister.ts";
 import { backoffMs, nextPointer, type Pointer } from "./schedule.ts";
 
 export interface ShardActorDeps {
@@ -33,6 +34,11 @@ export interface ShardActorDeps {
    * one burst and showed as a p99 spike every 2.5 s.
    */
   refillEveryMs?: number;
+  /**
+   * How long before its due time a task's run is decided and written (default 100 ms). The run
+   * is published at its due time; a task with a run in flight is decided at the due time instead.
+   */
+  leadMs?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
   /**
@@ -62,7 +68,11 @@ export type ShardCommand =
 
 export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
 
-type WheelItem = { k: 0; id: number } | { k: 1; runId: string };
+/**
+ * k 0: a task's due time (`due`; the wheel entry is placed `leadMs` before it, see schedule());
+ * k 1: a run's timeout.
+ */
+type WheelItem = { k: 0; id: number; due: number } | { k: 1; runId: string };
 
 interface InFlightRun {
   runId: string;
@@ -70,14 +80,16 @@ interface InFlightRun {
   executor: string;
   timeoutMs: number;
   ref: WheelRef | null;
+  /** The task's trigger slots before this run's slot was taken (given back if the run is withdrawn). */
+  slotsBefore?: { key: string; value: number | undefined };
 }
 
 interface LiveTask { row: TaskRow; skippedWhileRunning: number; lastSkipped?: { triggerId: number | null; slotMs: number | null } }
 
-type Mail =
+export type Mail =
   | { t: "due"; items: Array<{ dueMs: number; item: WheelItem }>; lateMs: number }
-  | { t: "events"; events: RunEvent[]; instance: string; msg: JsMsg }
-  | { t: "trigger"; trig: DependencyTrigger; msg: JsMsg }
+  | { t: "events"; events: RunEvent[]; instance: string; msg: Ackable }
+  | { t: "trigger"; trig: DependencyTrigger; msg: Ackable }
   | { t: "cmd"; cmd: ShardCommand; reply: (r: CommandReply) => void }
   /** Due entries taken from Redis for the near horizon (taken outside the round, see refill()). */
   | { t: "refilled"; items: Array<{ id: number; dueMs: number }> };
@@ -85,9 +97,9 @@ type Mail =
 /** The effects of one round, applied after its write is durable. */
 interface Round {
   write: ShardWrite;
-  dispatch: Map<string, DispatchRun[]>;
-  acks: JsMsg[];
-  naks: JsMsg[];
+  dispatch: Map<string, ShardDispatchRun[]>;
+  acks: Ackable[];
+  naks: Ackable[];
   redisAdd: Array<{ id: number; dueMs: number }>;
   redisRemove: number[];
   outcomes: Outcome[];
@@ -98,7 +110,6 @@ interface Round {
 }
 
 const GRACE_MS = 1000;
-const DISPATCH_BATCH = 200;
 /** Inside JetStream's 2-minute duplicate window, with a margin. */
 const REPUBLISH_WINDOW_MS = 100_000;
 
@@ -114,7 +125,7 @@ const REPUBLISH_WINDOW_MS = 100_000;
  * active (rounds) → stopping (no new fires; flush; ack) → stopped. `fence()` from the
  * outside (lease lost) stops at once without writing anything.
  */
-export class ShardActor {
+export class ShardActor implements EventSink {
   readonly shard: number;
   readonly epoch: number;
   private readonly d: ShardActorDeps;
@@ -127,6 +138,12 @@ export class ShardActor {
    */
   private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef; inRedis: boolean }>();
   private readonly inFlight = new Map<string, InFlightRun>();
+  /**
+   * Runs whose completion this shard applied lately (two generations): a node-level event batch
+   * that comes back after one of its other parts failed carries them again, and they are not late.
+   */
+  private finishedByEvent = new Set<string>();
+  private finishedByEventOld = new Set<string>();
   private readonly live = new Map<number, LiveTask>();
   private mail: Mail[] = [];
   private processing = false;
@@ -137,10 +154,13 @@ export class ShardActor {
   private refilling: Promise<void> | null = null;
   /** The last written round's publishes and due-index updates (see commit()). */
   private effects: Promise<void> = Promise.resolve();
+  /** Dispatches written and not yet released (they wait for their due time); a planned stop waits for them. */
+  private readonly releases = new Set<Promise<void>>();
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
   private readonly refillEveryMs: number;
+  private readonly leadMs: number;
   private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0 };
 
@@ -150,6 +170,7 @@ export class ShardActor {
     this.d = deps;
     this.log = deps.log.child({ shard, epoch });
     this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
+    this.leadMs = Math.max(0, Math.min(deps.leadMs ?? 100, this.horizonMs / 2));
     this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
@@ -158,6 +179,8 @@ export class ShardActor {
   }
 
   get status() { return this.state; }
+  /** Written runs of this actor may still be published: it was not fenced (a planned stop flushes them first). */
+  get releasable(): boolean { return this.state === "active" || this.state === "stopping"; }
   get inFlightCount() { return this.inFlight.size; }
   get wheelSize() { return this.wheel.size; }
 
@@ -204,7 +227,7 @@ export class ShardActor {
     this.consumerLoops.push((async () => {
       for await (const m of evMsgs) {
         if (this.state !== "active") { m.nak(); continue; } // handed back at once for the next owner
-        const dec = decode(EventBatchSchema, m.data);
+        const dec = decode(EventBatchV1Schema, m.data);
         if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed event batch refused"); m.term(); continue; }
         if (dec.value.shard !== this.shard) { this.log.warn({ got: dec.value.shard }, "event batch for another shard refused"); m.term(); continue; }
         this.tell({ t: "events", events: dec.value.events, instance: dec.value.instance, msg: m });
@@ -239,6 +262,13 @@ export class ShardActor {
       this.idle = new Promise((r) => { this.idleResolve = r; });
       setImmediate(() => { void this.loop(); });
     }
+  }
+
+  /** A part of a node-level event batch (see NodeEvents); false when the shard is not active here. */
+  acceptEvents(events: RunEvent[], instance: string, part: Ackable): boolean {
+    if (this.state !== "active") return false;
+    this.tell({ t: "events", events, instance, msg: part });
+    return true;
   }
 
   command(cmd: ShardCommand): Promise<CommandReply> {
@@ -300,12 +330,19 @@ export class ShardActor {
           if (m.lateMs > 0) { this.stats.lastLateMs = m.lateMs; this.stats.maxLateMs = Math.max(this.stats.maxLateMs, m.lateMs); }
           for (const it of m.items) {
             if (it.item.k === 1) { this.onTimeout(round, it.item.runId, now); continue; }
-            const w = this.inWheel.get(it.item.id);
-            if (!w || w.dueMs !== it.dueMs) continue; // superseded by a later schedule
-            this.inWheel.delete(it.item.id);
-            if (!canFire) { round.redisAdd.push({ id: it.item.id, dueMs: it.dueMs }); continue; }
-            if (!w.inRedis) round.notInRedis.add(it.item.id);
-            this.onDue(round, it.item.id, it.dueMs, now);
+            const { id, due } = it.item;
+            const w = this.inWheel.get(id);
+            if (!w || w.dueMs !== due) continue; // superseded by a later schedule
+            if (due > now && canFire && this.decideAtDue(id)) {
+              // Ahead of time, but a run of the task is still in flight: whether this slot fires
+              // (overlap) is decided at its due time, when that run may have ended.
+              w.ref = this.wheel.add(due, { k: 0, id, due });
+              continue;
+            }
+            this.inWheel.delete(id);
+            if (!canFire) { round.redisAdd.push({ id, dueMs: due }); continue; }
+            if (!w.inRedis) round.notInRedis.add(id);
+            this.onDue(round, id, due, now);
           }
           break;
         }
@@ -351,7 +388,9 @@ export class ShardActor {
 
   private schedule(round: Round, id: number, dueMs: number, inRedis = false): void {
     if (dueMs <= this.d.clock.now() + this.horizonMs) {
-      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id }), inRedis });
+      // Placed `leadMs` ahead: the run is decided and written before its due time and released
+      // (published) at it by the node's round (Persister), so the write is not on the fire path.
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs - this.leadMs, { k: 0, id, due: dueMs }), inRedis });
     } else {
       round.redisAdd.push({ id, dueMs });
     }
@@ -373,6 +412,12 @@ export class ShardActor {
       return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
     }
     round.redisRemove.push(id);
+  }
+
+  /** A task with a run in flight is decided at its due time, not ahead of it. */
+  private decideAtDue(taskId: number): boolean {
+    const lt = this.live.get(taskId);
+    return !!lt && (lt.row.record as TaskRecord).context.inFlight.length > 0;
   }
 
   private onDue(round: Round, taskId: number, dueMs: number, now: number): void {
@@ -399,12 +444,14 @@ export class ShardActor {
     const row = lt.row;
     const runId = opts.runId ?? newRunId(now);
     const source: RunSource = opts.manual ? "manual" : p.source;
+    // Decided ahead of its due time: dispatched (released) at the due time, recorded as fired then.
+    const releaseAt = opts.manual ? now : Math.max(now, p.dueMs);
     const advanceSchedule = !opts.manual && source !== "dependency";
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
     const base: RunInsert = {
       id: runId, taskId: row.id, taskName: row.name, triggerId: opts.manual ? null : p.triggerId, source,
       dueMs: opts.manual ? now : p.dueMs, slotMs: opts.manual ? null : p.slotMs, dueReason: opts.manual ? `manual run${opts.manual.force ? " (--force)" : ""}` : p.reason,
-      firedMs: now, node: this.d.nodeId, shard: this.shard, epoch: this.epoch, attempt: (row.record as TaskRecord).context.attempt,
+      firedMs: releaseAt, node: this.d.nodeId, shard: this.shard, epoch: this.epoch, attempt: (row.record as TaskRecord).context.attempt,
       executor: row.executor, state: "running", error: null, causedBy: p.causedBy, upstreamRuns: opts.upstreamRuns ?? null, createdMs: now,
     };
     if (!res.ok) {
@@ -443,15 +490,16 @@ export class ShardActor {
     this.stats.fired++;
     round.write.runInserts.push(base);
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null };
-    run.ref = this.wheel.add(now + row.timeoutMs, { k: 1, runId });
+    if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
+    run.ref = this.wheel.add(releaseAt + row.timeoutMs, { k: 1, runId });
     this.inFlight.set(runId, run);
     let list = round.dispatch.get(row.executor);
     if (!list) { list = []; round.dispatch.set(row.executor, list); }
     list.push({
       runId, taskId: row.id, taskName: row.name, attempt: base.attempt, source, payload: opts.manual?.payload ?? row.payload,
-      scheduledAt: base.dueMs, firedAt: now, timeoutMs: row.timeoutMs,
+      scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.shard,
     });
-    this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: now - base.dueMs, source });
+    this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source });
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
     else round.touched.add(row.id);
@@ -480,10 +528,13 @@ export class ShardActor {
       // A short run's end may carry its start instead of a separate `started` event.
       const start = ev.startedAt !== undefined ? { startedMs: ev.startedAt, executorInstance: instance } : {};
       if (!run) {
+        if (this.finishedByEvent.has(ev.runId) || this.finishedByEventOld.has(ev.runId)) continue; // applied already (redelivered)
         // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
         round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance, ...start });
         continue;
       }
+      this.finishedByEvent.add(run.runId);
+      if (this.finishedByEvent.size >= 50_000) { this.finishedByEventOld = this.finishedByEvent; this.finishedByEvent = new Set(); }
       this.finishRun(round, run, now, ok ? { type: "SUCCEEDED", runId: run.runId } : {
         type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
       }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start });
@@ -546,7 +597,7 @@ export class ShardActor {
     this.setPointer(round, lt, p);
   }
 
-  private async onDependencyTrigger(round: Round, trig: DependencyTrigger, msg: JsMsg, now: number): Promise<void> {
+  private async onDependencyTrigger(round: Round, trig: DependencyTrigger, msg: Ackable, now: number): Promise<void> {
     const lt = this.live.get(trig.taskId);
     if (!lt) { round.acks.push(msg); return; }
     if (trig.kind === "upstream_failed") {
@@ -593,6 +644,7 @@ export class ShardActor {
       case "pause": {
         const res = this.transition(lt, { type: "PAUSE" });
         if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
+        this.withdrawHeld(round, lt, "the task was paused before the run's due time", now);
         this.setPointer(round, lt, null);
         round.replies.push(() => reply({ ok: true, value: { state: lt.row.state } }));
         return;
@@ -608,10 +660,29 @@ export class ShardActor {
       }
       case "cancel": {
         this.transition(lt, { type: "CANCEL" });
+        this.withdrawHeld(round, lt, "the task was cancelled or removed before the run's due time", now);
         this.setPointer(round, lt, null);
         round.replies.push(() => reply({ ok: true }));
         return;
       }
+    }
+  }
+
+  /**
+   * Runs of the task that were written ahead of their due time and are not published yet are
+   * withdrawn (recorded `refused`, never dispatched): a pause, cancel or removal before the due
+   * time wins, as when the run was decided at its due time. The slot counts as not fired.
+   */
+  private withdrawHeld(round: Round, lt: LiveTask, why: string, now: number): void {
+    for (const runId of [...(lt.row.record as TaskRecord).context.inFlight]) {
+      const run = this.inFlight.get(runId);
+      if (!run || !this.d.persister.withdraw(runId)) continue;
+      if (run.slotsBefore) {
+        const slots = { ...lt.row.triggerSlots };
+        if (run.slotsBefore.value === undefined) delete slots[run.slotsBefore.key]; else slots[run.slotsBefore.key] = run.slotsBefore.value;
+        lt.row.triggerSlots = slots;
+      }
+      this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused", error: `withdrawn before dispatch: ${why}` });
     }
   }
 
@@ -628,19 +699,9 @@ export class ShardActor {
       };
       round.write.taskUpdates.push(u);
     }
-    // Dispatch messages and their ids are fixed before the write, so each run row names the
-    // message that carries it (a new owner can re-publish it under the same id, see start()).
-    const messages: Array<{ executor: string; id: string; runs: DispatchRun[] }> = [];
-    const inserted = new Map(round.write.runInserts.map((r) => [r.id, r]));
-    for (const [executor, runs] of round.dispatch) {
-      for (let i = 0; i < runs.length; i += DISPATCH_BATCH) {
-        const chunk = runs.slice(i, i + DISPATCH_BATCH);
-        const id = `d:${chunk[0]!.runId}`;
-        for (const r of chunk) { const row = inserted.get(r.runId); if (row) row.dispatchId = id; }
-        messages.push({ executor, id, runs: chunk });
-      }
-    }
-    const stale = await this.d.persister.submit(round.write);
+    // The node's round (Persister) writes this round with the other shards' and publishes its runs
+    // in one message per executor; each run row names the message that carries it.
+    const { stale, published } = await this.d.persister.submit(round.write, round.dispatch);
     if (stale) {
       this.log.error("epoch is no longer current: write refused, shard stops");
       for (const m of round.acks) m.nak();
@@ -656,7 +717,7 @@ export class ShardActor {
     // next round decides and writes meanwhile. A due run then waits for the round ahead of it to
     // be written, not also for its publishes to be acknowledged.
     const previous = this.effects;
-    this.effects = previous.then(() => this.applyEffects(round, messages))
+    this.effects = previous.then(() => this.applyEffects(round, published))
       .catch((e) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "applying a written round's effects failed; its runs time out and retry"));
     await previous;
     // Idle tasks leave memory: PostgreSQL holds them, the wheel or Redis holds their due time.
@@ -667,10 +728,15 @@ export class ShardActor {
     for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
   }
 
-  /** A written round's effects. A failed publish is logged; its runs time out and retry. */
-  private async applyEffects(round: Round, messages: Array<{ executor: string; id: string; runs: DispatchRun[] }>): Promise<void> {
+  /**
+   * A written round's effects. Its dispatches are published by the node's round, some at once and
+   * some at their due time: the next round does not wait for those (only Redis needs round order),
+   * the replies do.
+   */
+  private async applyEffects(round: Round, published: Promise<void>): Promise<void> {
+    this.releases.add(published);
+    void published.finally(() => this.releases.delete(published));
     const jobs: Array<Promise<unknown>> = [];
-    for (const m of messages) jobs.push(this.publishDispatch(m.executor, m.id, m.runs));
     if (round.outcomes.length) {
       jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.taskId}:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
         .catch((e) => this.log.error({ err: String(e) }, "outcome publish failed")));
@@ -680,35 +746,59 @@ export class ShardActor {
     if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
     if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
-    for (const r of round.replies) r();
-  }
-
-  private publishDispatch(executor: string, msgID: string, runs: DispatchRun[]): Promise<unknown> {
-    const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs });
-    return this.d.js.publish(this.d.names.dispatchSubject(executor), data, { msgID })
-      .catch((e) => this.log.error({ err: String(e), executor, runs: runs.length, msgID }, "dispatch publish failed; runs will time out and retry"));
+    if (round.replies.length) void published.then(() => { for (const r of round.replies) r(); });
   }
 
   /**
    * Runs recorded `running` that no executor reported starting may never have been published
-   * (the previous owner died between its write and its publish). They are published again
-   * under their recorded message id: when the first publish did land, JetStream's duplicate
-   * window (2 min) drops the copy, so no run is delivered twice. Older ones are left to time
-   * out and follow their retry policy.
+   * (the previous owner died between its write and its publish). Their recorded messages are
+   * published again, complete (runs of every shard they carried) and under their recorded ids:
+   * when the first publish did land, JetStream's duplicate window (2 min) drops the copy, so no
+   * run is delivered twice. Older ones are left to time out and follow their retry policy.
+   * Messages written before node-level dispatch (one shard each, no record) go out as v1.
    */
   private async republishUnstarted(running: RunRow[], now: number): Promise<number> {
-    const groups = new Map<string, { executor: string; runs: DispatchRun[] }>();
+    const ids = new Set<string>();
+    const legacy = new Map<string, { executor: string; runs: DispatchRun[] }>();
     for (const r of running) {
       const row = this.live.get(r.taskId)?.row;
       if (!row || r.startedMs !== null || !r.dispatchId || r.firedMs === null) continue;
       if (now - r.firedMs > REPUBLISH_WINDOW_MS || r.firedMs + row.timeoutMs <= now) continue;
-      let g = groups.get(r.dispatchId);
-      if (!g) { g = { executor: r.executor, runs: [] }; groups.set(r.dispatchId, g); }
+      ids.add(r.dispatchId);
+    }
+    if (!ids.size) return 0;
+    const recorded = await this.d.store.dispatchReplay([...ids]);
+    let n = 0;
+    const jobs: Array<Promise<unknown>> = [];
+    for (const m of recorded) {
+      ids.delete(m.id);
+      if (!m.runs.length) continue;
+      n += m.runs.length;
+      const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
+        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard }));
+      // Recorded ahead of their due time by the previous owner: published at it, never before.
+      const send = () => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs)
+        .catch((e) => this.log.error({ err: String(e), msgID: m.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"));
+      const releaseAt = Math.max(...runs.map((r) => r.firedAt));
+      if (releaseAt <= now) jobs.push(send());
+      else atWallTime(this.d.clock, releaseAt, () => { if (this.state === "active" || this.state === "stopping") void send(); });
+    }
+    for (const r of running) {
+      const row = this.live.get(r.taskId)?.row;
+      if (!row || !r.dispatchId || !ids.has(r.dispatchId) || r.startedMs !== null || r.firedMs === null) continue;
+      let g = legacy.get(r.dispatchId);
+      if (!g) { g = { executor: r.executor, runs: [] }; legacy.set(r.dispatchId, g); }
       g.runs.push({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source, payload: row.payload,
         scheduledAt: r.dueMs, firedAt: r.firedMs, timeoutMs: row.timeoutMs });
     }
-    await Promise.all([...groups].map(([id, g]) => this.publishDispatch(g.executor, id, g.runs)));
-    return [...groups.values()].reduce((n, g) => n + g.runs.length, 0);
+    for (const [id, g] of legacy) {
+      n += g.runs.length;
+      const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs: g.runs });
+      jobs.push(this.d.js.publish(this.d.names.dispatchSubject(g.executor), data, { msgID: id })
+        .catch((e) => this.log.error({ err: String(e), msgID: id }, "re-publishing a dispatch failed; its runs time out and retry")));
+    }
+    await Promise.all(jobs);
+    return n;
   }
 
   /**
@@ -775,6 +865,7 @@ export class ShardActor {
     await this.refilling?.catch(() => undefined);
     while (this.processing) await this.idle;
     await this.effects;
+    await Promise.all([...this.releases]);
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
@@ -792,7 +883,10 @@ export class ShardActor {
     for (const c of this.consumers) void c.close().catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
-    for (const m of this.mail) if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
+    for (const m of this.mail) {
+      if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
+      else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
+    }
     this.mail = [];
     this.log.warn("lease:lost — shard stopped");
   }

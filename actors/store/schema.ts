@@ -218,6 +218,24 @@ update tasks set record = jsonb_strip_nulls(jsonb_build_object(
     // of a page at once, and each update needs room on the page for the new version to be HOT.
     sql: `alter table tasks set (fillfactor = 50);`,
   },
+  {
+    version: 10,
+    name: "node-level dispatch messages",
+    // A dispatch message carries runs of many shards (one message per executor per node round).
+    // The message's run list is kept for its de-duplication window, so whichever node takes over
+    // one of those shards can publish the same message again, complete, under the same id
+    // (JetStream drops it when the first publish landed). One row per message, not per run.
+    sql: `
+create table dispatches (
+  id text primary key,
+  executor text not null,
+  node text not null,
+  run_ids text[] not null,
+  created_ms bigint not null
+);
+create index dispatches_created on dispatches (created_ms);
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

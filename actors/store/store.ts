@@ -2,7 +2,7 @@ import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
 import { fullRecord, storedRecord } from "./recordCodec.ts";
-import type { BulkCreated, BulkNewTask, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
+import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
 pg.types.setTypeParser(20, (v: string) => Number(v));
@@ -481,6 +481,34 @@ export class Store {
     return r.rowCount ? toRun(r.rows[0]) : null;
   }
 
+  /**
+   * What a new owner needs to publish recorded dispatch messages again: for each message id, the
+   * runs it carried that are still `running` and not started, with what the executor needs
+   * (payload and timeout from the task). Runs of every shard of the message are included, so the
+   * message goes out complete whoever publishes it.
+   */
+  async dispatchReplay(ids: string[]): Promise<Array<{ id: string; executor: string; node: string; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>> {
+    if (!ids.length) return [];
+    const r = await this.pool.query(`select d.id as d_id, d.executor as d_executor, d.node as d_node, x.ord, r.*, t.payload as t_payload, t.timeout_ms as t_timeout
+      from dispatches d cross join lateral unnest(d.run_ids) with ordinality x(run_id, ord)
+      join runs r on r.id = x.run_id join tasks t on t.id = r.task_id
+      where d.id = any($1::text[]) and r.state = 'running' and r.started_ms is null order by d.id, x.ord`, [ids]);
+    const out = new Map<string, { id: string; executor: string; node: string; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>();
+    for (const row of r.rows as Row[]) {
+      const id = row.d_id as string;
+      let m = out.get(id);
+      if (!m) { m = { id, executor: row.d_executor as string, node: row.d_node as string, runs: [] }; out.set(id, m); }
+      m.runs.push({ ...toRun(row), payload: row.t_payload, timeoutMs: row.t_timeout as number });
+    }
+    return [...out.values()];
+  }
+
+  /** Dispatch message records older than `beforeMs` (past JetStream's duplicate window, no use any more). */
+  async pruneDispatches(beforeMs: number): Promise<number> {
+    const r = await this.pool.query("delete from dispatches where created_ms < $1", [beforeMs]);
+    return r.rowCount ?? 0;
+  }
+
   /** Deletes history older than `beforeMs` in small batches so firing never waits on a long lock. */
   async pruneRuns(beforeMs: number, batch = 5000, maxBatches = 100): Promise<number> {
     let total = 0;
@@ -507,7 +535,7 @@ export class Store {
    * nothing and the shard is returned in `stale`. Because `claimShard` needs the row lock, a
    * new owner's claim waits for this transaction, and after it no write of the old epoch lands.
    */
-  async writeBatch(writes: ShardWrite[]): Promise<{ stale: number[] }> {
+  async writeBatch(writes: ShardWrite[], dispatches: ReadonlyArray<DispatchRecord> = []): Promise<{ stale: number[] }> {
     if (!writes.length) return { stale: [] };
     const shards = writes.map((w) => w.shard); const epochs = writes.map((w) => w.epoch);
     // One round trip: the statements are pipelined on one connection, so the writes cannot wait
@@ -530,6 +558,8 @@ export class Store {
       if (ins) jobs.push(c.query({ name: "ax_insert_runs", text: INSERT_RUNS, values: [ins, shards, epochs] }));
       if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
       if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
+      // Not fenced: a message row names runs; only the runs that were written are ever re-published.
+      if (dispatches.length) jobs.push(c.query({ name: "ax_insert_dispatches", text: INSERT_DISPATCHES, values: [JSON.stringify(dispatches)] }));
       jobs.push(c.query("commit"));
       stream?.uncork?.();
       const settled = await Promise.allSettled(jobs);
@@ -578,6 +608,11 @@ function runInsertsJson(writes: ShardWrite[]): string | null {
   }
   return data.length ? JSON.stringify(data) : null;
 }
+
+const INSERT_DISPATCHES = `insert into dispatches (id, executor, node, run_ids, created_ms)
+  select u.id, u.executor, u.node, array(select json_array_elements_text(u."runIds")), u."createdMs"
+  from json_to_recordset($1::json) as u(id text, executor text, node text, "runIds" json, "createdMs" bigint)
+  on conflict (id) do nothing`;
 
 const UPDATE_RUNS = `${FENCE_CTE}
   update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),

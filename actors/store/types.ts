@@ -115,4 +115,7 @@ export interface ShardWrite {
   taskUpdates: TaskUpdate[];
 }
 
+/** One dispatch message as recorded with the runs it carries (see migration 10). */
+export interface DispatchRecord { id: string; executor: string; node: string; runIds: string[]; createdMs: number }
+
 export interface ShardRow { shard: number; owner: string | null; epoch: number; pinnedTo: string | null; updatedMs: number }

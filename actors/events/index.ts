@@ -1,0 +1,1 @@
+export { NodeEvents, type NodeEventsDeps, type EventSink, type Ackable } from "./nodeEvents.ts";

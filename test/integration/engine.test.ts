@@ -1,0 +1,150 @@
+import { afterEach, describe, expect, it } from "vitest";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { Store } from "../../actors/index.ts";
+import { names } from "../../common/index.ts";
+import { DispatchBatchSchema, decode, type RunContext } from "../../protocol/index.ts";
+import { TestCluster } from "../cluster.ts";
+import { sleep, waitFor } from "../helpers.ts";
+
+/**
+ * Engine v2: runs are decided and recorded ahead of their due time (AX_LEAD), released at it in
+ * one dispatch message per executor per node round (runs of many shards), and their events come
+ * back through the dispatching node. Leads here are seconds long so that each window can be hit
+ * deterministically on a loaded machine; the product default is 100 ms.
+ */
+
+let tc: TestCluster | null = null;
+let nc: NatsConnection | null = null;
+let store: Store | null = null;
+afterEach(async () => {
+  await nc?.close(); nc = null;
+  await store?.close(); store = null;
+  await tc?.teardown(); tc = null;
+});
+
+interface Start { runId: string; task: string; startedAt: number; scheduledAt: number }
+
+async function runsOf(s: Store, task: string) {
+  const t = await s.getTask(task);
+  return t ? s.listRuns(t.id, 50) : [];
+}
+
+describe("engine v2", () => {
+  it("records runs ahead of their due time, releases them at it (never early) in messages carrying several shards", async () => {
+    tc = new TestCluster("eng", { AX_LEAD: "1500ms" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    await tc.startNode("e1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    await ex.registered;
+    nc = await connect({ servers: tc.config.natsUrl });
+    const messages: Array<{ v: number; shards: number[]; at: number }> = [];
+    nc.subscribe(names(tc.ns).dispatchSubject("w"), {
+      callback: (_e, m) => {
+        const d = decode(DispatchBatchSchema, m.data);
+        if (d.ok) messages.push({ v: d.value.v, shards: d.value.v === 2 ? d.value.runs.map((r) => r.shard) : [d.value.shard], at: Date.now() });
+      },
+    });
+    const client = await tc.client();
+    const due = Date.now() + 4000;
+    const at = new Date(due).toISOString();
+    const tasks = Array.from({ length: 24 }, (_, i) => ({ name: `a${i}`, executor: "w", at }));
+    await client.call("task.bulkCreate", { tasks });
+    await waitFor(() => starts.length === tasks.length, 15_000, "every task ran");
+    for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(due);
+    expect(new Set(starts.map((s) => s.runId)).size).toBe(tasks.length);
+    // One node round carried runs of several shards in one message, sent at (not before) the due time.
+    expect(messages.every((m) => m.v === 2)).toBe(true);
+    expect(Math.max(...messages.map((m) => new Set(m.shards).size))).toBeGreaterThan(1);
+    expect(messages.length).toBeLessThan(tasks.length);
+    for (const m of messages) expect(m.at).toBeGreaterThanOrEqual(due);
+    // Recorded before the due time: the write is not on the fire path.
+    for (const t of tasks) {
+      const runs = await runsOf(store, t.name);
+      expect(runs).toHaveLength(1);
+      expect(runs[0]!.createdMs, `${t.name} was recorded at its due time, not ahead of it`).toBeLessThan(due);
+      expect(runs[0]!.firedMs).toBe(due);
+      expect(runs[0]!.state).toBe("success");
+    }
+  });
+
+  it("a pause before the due time withdraws the recorded run; resume catches the slot up once", async () => {
+    tc = new TestCluster("engp", { AX_LEAD: "2s" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    await tc.startNode("p1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    await ex.registered;
+    const client = await tc.client();
+    const due = Date.now() + 5000;
+    await client.call("task.create", { name: "held", executor: "w", at: new Date(due).toISOString() });
+    const recorded = await waitFor(async () => (await runsOf(store!, "held")).find((r) => r.state === "running"), 6000, "run recorded ahead of its due time");
+    expect(Date.now()).toBeLessThan(due - 300);
+    await client.call("task.pause", { task: "held" });
+    await sleep(Math.max(0, due - Date.now()) + 1500);
+    expect(starts).toEqual([]);
+    const withdrawn = (await runsOf(store, "held")).find((r) => r.id === recorded.id)!;
+    expect(withdrawn.state).toBe("refused");
+    expect(withdrawn.error).toMatch(/withdrawn before dispatch: the task was paused/);
+    await client.call("task.resume", { task: "held" });
+    await waitFor(() => starts.length === 1, 10_000, "the catch-up after resume");
+    await sleep(1000);
+    expect(starts).toHaveLength(1);
+    const runs = await runsOf(store, "held");
+    expect(runs.filter((r) => r.state === "success").map((r) => r.source)).toEqual(["misfire"]);
+  });
+
+  it("kill -9 between record and release: the next owner publishes the recorded messages at their due time, each run once", async () => {
+    tc = new TestCluster("engk", { AX_LEAD: "3s" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    const victim = tc.spawn(["node", "--id", "k1"]);
+    await ex.registered;
+    const client = await tc.client();
+    const due = Date.now() + 9000;
+    const tasks = Array.from({ length: 16 }, (_, i) => ({ name: `k${i}`, executor: "w", at: new Date(due).toISOString() }));
+    await waitFor(async () => { try { await client.call("task.bulkCreate", { tasks }); return true; } catch { return false; } }, 10_000, "bulk create through k1");
+    // Every run recorded (running, unstarted) by k1 ahead of its due time, none released yet.
+    await waitFor(async () => {
+      const r = await store!.pool.query("select count(*)::int as n from runs where state = 'running' and started_ms is null");
+      return r.rows[0].n === tasks.length;
+    }, 8000, "runs recorded ahead");
+    expect(Date.now()).toBeLessThan(due - 500);
+    victim.kill("SIGKILL");
+    await tc.startNode("k2");
+    await waitFor(() => starts.length >= tasks.length, 30_000, "every recorded run dispatched by the next owner");
+    await sleep(2000);
+    expect(starts).toHaveLength(tasks.length);
+    expect(new Set(starts.map((s) => s.task)).size).toBe(tasks.length);
+    for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(due);
+    const r = await store.pool.query("select count(*)::int as n from runs");
+    expect(r.rows[0].n).toBe(tasks.length); // the recorded runs themselves, not retries
+  });
+
+  it("a completion sent to a node that died reaches the shard's next owner through the drain of its consumer", async () => {
+    tc = new TestCluster("engd", { AX_LEAD: "100ms" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => { release = r; });
+    const starts: Start[] = [];
+    const ex = await tc.startExecutor("w", async (ctx: RunContext) => {
+      starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt });
+      await gate;
+    });
+    const victim = tc.spawn(["node", "--id", "d1"]);
+    await ex.registered;
+    const client = await tc.client();
+    await waitFor(async () => { try { await client.call("task.create", { name: "long", executor: "w", delay: "500ms", timeout: "60s" }); return true; } catch { return false; } }, 10_000, "create through d1");
+    await waitFor(() => starts.length === 1, 10_000, "run started from d1");
+    victim.kill("SIGKILL");
+    await tc.startNode("d2");
+    await tc.waitForShards(undefined, undefined, 20_000);
+    release(); // the completion goes to d1's subject: only d2's drain of d1's consumer brings it to the shard
+    const done = await waitFor(async () => (await runsOf(store!, "long")).find((r) => r.state !== "running"), 40_000, "the run's completion applied");
+    expect(done.state).toBe("success");
+    expect(done.id).toBe(starts[0]!.runId);
+  });
+});
