@@ -52,6 +52,7 @@ export class AxNode {
   private pruneTimer: NodeJS.Timeout | null = null;
   private readonly firedWindow = new RateWindow(5000, 100);
   private shardCount = 0;
+  private dispatchSecret: Buffer = Buffer.alloc(0);
   private stopped = false;
 
   constructor(private readonly opts: NodeOptions) {
@@ -85,6 +86,7 @@ export class AxNode {
     const { applied } = await this.store.migrate();
     if (applied.length) this.log.info({ applied }, "schema migrated");
     this.shardCount = await this.store.initShardCount(c.shardCount);
+    this.dispatchSecret = await this.store.dispatchSecret();
     if (this.shardCount !== c.shardCount) this.log.info({ shardCount: this.shardCount }, "cluster shard count was fixed at creation; using it");
     this.due = new DueIndex(c.redisUrl, c.namespace);
     this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
@@ -167,7 +169,7 @@ export class AxNode {
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
-      leaseValid: () => this.supervisor.leaseValid(shard),
+      leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },

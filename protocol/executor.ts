@@ -67,6 +67,7 @@ interface ActiveRun {
   onTimeout: ((e: Error) => void) | null;
   route: Route;
   taskId: number;
+  token: string | undefined;
 }
 
 const RUN_SOURCES = new Set(DispatchRunSchema.shape.source.options as readonly string[]);
@@ -254,11 +255,11 @@ export class Executor {
     // Timeouts and heartbeats of every active run are served by one sweeper timer (sweep()),
     // not two timers per run: at thousands of runs a second the per-run timers cost more than
     // the runs.
-    const a: ActiveRun = { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac: null, timedOut: null, onTimeout: null, route, taskId: run.taskId };
+    const a: ActiveRun = { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac: null, timedOut: null, onTimeout: null, route, taskId: run.taskId, token: run.token };
     this.active.set(run.runId, a);
     this.ensureSweeper();
     this.stats.runs++;
-    const started: RunEvent = { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now() };
+    const started: RunEvent = { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now(), ...(run.token ? { token: run.token } : {}) };
     const startedUnsentIn = this.emit(route, started);
     let failure: Failure | null = null;
     try {
@@ -289,6 +290,7 @@ export class Executor {
     const end: RunEvent = failure
       ? { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure }
       : { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() };
+    if (run.token) end.token = run.token;
     if (this.pending.get(route.key)?.events === startedUnsentIn) {
       // The start was not sent yet (short run): the end takes its place and carries its time.
       Object.assign(started, end, { startedAt: started.at });
@@ -315,7 +317,7 @@ export class Executor {
       }
       if (now >= a.nextHb) {
         a.nextHb += a.hbEvery * Math.max(1, Math.ceil((now - a.nextHb) / a.hbEvery));
-        this.emit(a.route, { type: "progress", runId, taskId: a.taskId, at: Date.now() });
+        this.emit(a.route, { type: "progress", runId, taskId: a.taskId, at: Date.now(), ...(a.token ? { token: a.token } : {}) });
       }
     }
   }

@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 
 let counter = 0;
 const nodeSalt = randomBytes(3).toString("hex");
@@ -24,4 +24,20 @@ export function derivedRunId(prefix: string, key: string): string {
     h2 = Math.imul(h2 + c, 2246822519) >>> 0;
   }
   return `${prefix}${h1.toString(36)}${h2.toString(36)}`;
+}
+
+/**
+ * The token a dispatch gives each run: HMAC-SHA256 of the run id under the cluster's dispatch
+ * secret (kept in PostgreSQL, never sent to executors). An executor echoes it on every event of
+ * the run; an event without the right token is refused, so only a holder of the dispatch can
+ * report on a run. Derived rather than stored: any node can check it for any run.
+ */
+export function runToken(secret: Uint8Array, runId: string): string {
+  return createHmac("sha256", secret).update(runId).digest("base64url").slice(0, 22);
+}
+
+/** Constant-time comparison of a presented token with the expected one. */
+export function tokenMatches(presented: string | undefined, expected: string): boolean {
+  if (presented === undefined || presented.length !== expected.length) return false;
+  return timingSafeEqual(Buffer.from(presented), Buffer.from(expected));
 }

@@ -3,7 +3,7 @@ export {
   RunSourceSchema, WIRE_SCHEMAS, decode, encode,
   type DispatchBatch, type DispatchBatchV2, type DispatchRun, type EventBatch, type EventBatchV1, type RunEvent, type Outcome, type OutcomeBatch, type DependencyTrigger, type Failure, type Decoded,
 } from "./messages.ts";
-export { newRunId, derivedRunId } from "./ids.ts";
+export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
 export {
   ensureStreams, ensureExecutorConsumer, ensureShardConsumers, ensureNodeEventsConsumer, dropStreams,
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,

@@ -21,6 +21,8 @@ export const DispatchRunSchema = z.object({
   scheduledAt: ms.describe("the time the run was due (epoch ms)"),
   firedAt: ms,
   timeoutMs: z.number().int().positive(),
+  /** Echoed on every event of the run; events without it are refused (see docs/PROTOCOL.md). */
+  token: z.string().max(64).optional(),
   /** v2 batches: the shard of the run (its events go back tagged with it). */
   shard: z.number().int().nonnegative().optional(),
 });
@@ -63,6 +65,8 @@ export const RunEventSchema = z.object({
    * row update fewer per short run); the scheduler records it as the start.
    */
   startedAt: ms.optional(),
+  /** The run's `token` from its dispatch. */
+  token: z.string().max(64).optional(),
   /** In an EventBatch v2: the shard of the run (from its dispatch). */
   shard: z.number().int().nonnegative().optional(),
 });

@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, ConsumerMessages } from "@nats-io/jetstream";
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, newRunId, shardEventsConsumer, shardTriggerConsumer,
+  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, newRunId, runToken, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -47,6 +47,8 @@ export interface ShardActorDeps {
    * this shard's events before its lease can pass to the next owner. Default 30 s.
    */
   pullExpiresMs?: number;
+  /** The cluster's dispatch secret: each run's token is derived from it (see runToken). */
+  dispatchSecret: Uint8Array;
   /** Told when a write was refused for a stale epoch: the shard must stop. */
   onFenced: (shard: number) => void;
   events?: ShardEvents;
@@ -80,6 +82,8 @@ interface InFlightRun {
   executor: string;
   timeoutMs: number;
   ref: WheelRef | null;
+  /** Its dispatch token (derived again for runs adopted at load). */
+  token: string;
   /** The task's trigger slots before this run's slot was taken (given back if the run is withdrawn). */
   slotsBefore?: { key: string; value: number | undefined };
 }
@@ -162,7 +166,7 @@ export class ShardActor implements EventSink {
   private readonly refillEveryMs: number;
   private readonly leadMs: number;
   private refills = 0;
-  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0 };
+  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
     this.shard = shard;
@@ -211,7 +215,7 @@ export class ShardActor implements EventSink {
   private adoptRunning(r: RunRow, now: number): void {
     this.d.limiter.force(r.executor);
     const timeoutMs = this.live.get(r.taskId)?.row.timeoutMs ?? 30_000;
-    const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null };
+    const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, r.id) };
     this.inFlight.set(r.id, run);
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
     run.ref = this.wheel.add(deadline, { k: 1, runId: r.id });
@@ -489,7 +493,7 @@ export class ShardActor implements EventSink {
     }
     this.stats.fired++;
     round.write.runInserts.push(base);
-    const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null };
+    const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, runId) };
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
     run.ref = this.wheel.add(releaseAt + row.timeoutMs, { k: 1, runId });
     this.inFlight.set(runId, run);
@@ -497,7 +501,7 @@ export class ShardActor implements EventSink {
     if (!list) { list = []; round.dispatch.set(row.executor, list); }
     list.push({
       runId, taskId: row.id, taskName: row.name, attempt: base.attempt, source, payload: opts.manual?.payload ?? row.payload,
-      scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.shard,
+      scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.shard, token: run.token,
     });
     this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source });
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
@@ -518,6 +522,9 @@ export class ShardActor implements EventSink {
   private onEvents(round: Round, events: RunEvent[], instance: string, now: number): void {
     for (const ev of events) {
       const run = this.inFlight.get(ev.runId);
+      // Only the holder of the run's dispatch knows its token: anything else is a forgery (or an
+      // executor that does not echo tokens) and changes nothing, in flight or late.
+      if (!tokenMatches(ev.token, run?.token ?? runToken(this.d.dispatchSecret, ev.runId))) { this.refuseEvent(ev); continue; }
       if (ev.type === "started") {
         round.write.runUpdates.push({ id: ev.runId, startedMs: ev.at, executorInstance: instance });
         if (run) this.extend(run, now);
@@ -539,6 +546,16 @@ export class ShardActor implements EventSink {
         type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
       }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start });
     }
+  }
+
+  private lastRefusalLog = -Infinity;
+  /** Counted always; logged at most once every 10 s per shard (a flood of forged events is not a flood of lines). */
+  private refuseEvent(ev: RunEvent): void {
+    this.stats.refusedEvents++;
+    const t = this.d.clock.monotonic();
+    if (t - this.lastRefusalLog < 10_000) return;
+    this.lastRefusalLog = t;
+    this.log.warn({ runId: ev.runId, type: ev.type, refusedSoFar: this.stats.refusedEvents }, "event without its run's dispatch token refused");
   }
 
   private extend(run: InFlightRun, now: number): void {
@@ -775,7 +792,7 @@ export class ShardActor implements EventSink {
       if (!m.runs.length) continue;
       n += m.runs.length;
       const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
-        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard }));
+        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id) }));
       // Recorded ahead of their due time by the previous owner: published at it, never before.
       const send = () => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs)
         .catch((e) => this.log.error({ err: String(e), msgID: m.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"));
@@ -789,7 +806,7 @@ export class ShardActor implements EventSink {
       let g = legacy.get(r.dispatchId);
       if (!g) { g = { executor: r.executor, runs: [] }; legacy.set(r.dispatchId, g); }
       g.runs.push({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source, payload: row.payload,
-        scheduledAt: r.dueMs, firedAt: r.firedMs, timeoutMs: row.timeoutMs });
+        scheduledAt: r.dueMs, firedAt: r.firedMs, timeoutMs: row.timeoutMs, token: runToken(this.d.dispatchSecret, r.id) });
     }
     for (const [id, g] of legacy) {
       n += g.runs.length;

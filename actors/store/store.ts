@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
@@ -104,6 +105,13 @@ export class Store {
       await c.query("insert into shards (shard) select generate_series(0, $1::int - 1) on conflict do nothing", [requested]);
       return requested;
     });
+  }
+
+  /** The cluster's dispatch secret (see runToken): made once, when the first node starts; 32 random bytes. */
+  async dispatchSecret(): Promise<Buffer> {
+    await this.pool.query("insert into meta (key, value) values ('dispatch_secret', to_jsonb($1::text)) on conflict (key) do nothing", [randomBytes(32).toString("hex")]);
+    const r = await this.pool.query("select value from meta where key = 'dispatch_secret'");
+    return Buffer.from(String(r.rows[0].value), "hex");
   }
 
   /** Marks a node drained (it owns no shard while drained) or not; returns the drained set. */
@@ -619,7 +627,7 @@ const UPDATE_RUNS = `${FENCE_CTE}
     finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
     error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
   from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
-  where r.id = u.id and u.shard in (select shard from ok)`;
+  where r.id = u.id and r.shard = u.shard and u.shard in (select shard from ok)`;
 
 interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null }
 

@@ -147,4 +147,32 @@ describe("engine v2", () => {
     expect(done.state).toBe("success");
     expect(done.id).toBe(starts[0]!.runId);
   });
+
+  it("a forged completion of a run in flight, on the node's subject or the shard's, is refused; the real one is applied", async () => {
+    tc = new TestCluster("engf");
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => { release = r; });
+    await tc.startNode("f1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", async () => { await gate; });
+    await ex.registered;
+    const client = await tc.client();
+    await client.call("task.create", { name: "victim", executor: "w", delay: "200ms", timeout: "30s" });
+    const run = await waitFor(async () => (await runsOf(store!, "victim")).find((r) => r.startedMs !== null), 10_000, "run started");
+    nc = await connect({ servers: tc.config.natsUrl });
+    const n = names(tc.ns);
+    const forged = { type: "completed", runId: run.id, taskId: run.taskId, at: Date.now(), token: "forgedforgedforgedforg" };
+    nc.publish(n.nodeEventsSubject("f1"), JSON.stringify({ v: 2, executor: "w", instance: "forger", node: "f1", events: [{ ...forged, shard: run.shard }] }));
+    nc.publish(n.eventsSubject(run.shard), JSON.stringify({ v: 1, executor: "w", instance: "forger", shard: run.shard, events: [{ type: "completed", runId: run.id, taskId: run.taskId, at: Date.now() }] }));
+    await nc.flush();
+    await sleep(1500);
+    const still = (await runsOf(store, "victim"))[0]!;
+    expect(still.state).toBe("running");
+    release();
+    const done = await waitFor(async () => (await runsOf(store!, "victim")).find((r) => r.state !== "running"), 10_000, "real completion applied");
+    expect(done.state).toBe("success");
+    expect(done.executorInstance).toBe(ex.instance);
+    expect(done.lateOutcome).toBeNull();
+  });
 });

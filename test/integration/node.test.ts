@@ -203,18 +203,29 @@ describe("single node end to end", () => {
     await client.call("executor.register", { name: "mute" });
     const consumer = await js.consumers.get(names(tc.ns).dispatchStream, durable);
     const got: string[] = [];
+    const tokens = new Map<string, string>();
     const msgs = await consumer.consume({ max_messages: 10 });
-    void (async () => { for await (const m of msgs) { got.push(...(JSON.parse(m.string()).runs as Array<{ runId: string }>).map((r) => r.runId)); m.ack(); } })();
+    void (async () => {
+      for await (const m of msgs) {
+        for (const r of JSON.parse(m.string()).runs as Array<{ runId: string; token: string }>) { got.push(r.runId); tokens.set(r.runId, r.token); }
+        m.ack();
+      }
+    })();
     await client.call("task.create", { name: "mute-task", executor: "mute", delay: "100ms", timeout: "600ms", retries: 1, backoff: "100ms" });
     await waitFor(async () => (await runsOf("mute-task")).filter((r) => r.state === "timed_out").length === 2, 10_000, "two timeouts");
     await msgs.close();
     const runs = (await runsOf("mute-task")).reverse();
     expect(runs.map((r) => [r.attempt, r.state, r.source])).toEqual([[1, "timed_out", "once"], [2, "timed_out", "retry"]]);
     expect((await client.call<{ state: string }>("task.show", { task: "mute-task" })).state).toBe("failed");
-    // Now the first run's completion arrives, far too late.
+    // A forged completion (no dispatch token) changes nothing, not even the late outcome.
     const task = await client.call<{ id: number; shard: number }>("task.show", { task: "mute-task" });
+    await js.publish(names(tc.ns).eventsSubject(task.shard), JSON.stringify({ v: 1, executor: "mute", instance: "forged", shard: task.shard,
+      events: [{ type: "failed", runId: runs[0]!.id, taskId: task.id, at: Date.now(), error: { message: "forged" }, token: "AAAAAAAAAAAAAAAAAAAAAA" }] }));
+    await sleep(1500);
+    expect((await runsOf("mute-task")).find((r) => r.id === runs[0]!.id)?.lateOutcome).toBeNull();
+    // Now the first run's real completion arrives, far too late.
     await js.publish(names(tc.ns).eventsSubject(task.shard), JSON.stringify({ v: 1, executor: "mute", instance: "late", shard: task.shard,
-      events: [{ type: "completed", runId: runs[0]!.id, taskId: task.id, at: Date.now() }] }));
+      events: [{ type: "completed", runId: runs[0]!.id, taskId: task.id, at: Date.now(), token: tokens.get(runs[0]!.id) }] }));
     await waitFor(async () => (await runsOf("mute-task")).find((r) => r.id === runs[0]!.id)?.lateOutcome === "success", 5000, "late outcome recorded");
     const after = await client.call<{ state: string }>("task.show", { task: "mute-task" });
     expect(after.state).toBe("failed");
