@@ -102,7 +102,7 @@ describe(`${pkg.name} from npm pack`, () => {
     const client = await tc.client();
     const runs = await waitFor(async () => {
       const r = await client.call<Array<{ id: string; state: string; executor: string }>>("runs", { task: "greet" });
-      return r.some((x) => x.state === "success") && r;
+      return r.some((x) => x.state === "success") ? r : null;
     }, 15_000, "the run recorded as a success");
     expect(runs.find((x) => x.id === ran[1])).toMatchObject({ state: "success", executor: "greeter" });
   });
