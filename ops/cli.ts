@@ -5,6 +5,7 @@ import { Executor } from "../protocol/index.ts";
 import { AxClient } from "./client.ts";
 import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
+import { packageVersion } from "./version.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
@@ -42,6 +43,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     "nodes fire them exactly once in effect and record every run, so `ax why RUN` can explain it.")
     .addOption(new Option("--nats <url>", "NATS URL (AX_NATS_URL)"))
     .addOption(new Option("--namespace <ns>", "namespace (AX_NAMESPACE)"))
+    .version(packageVersion(), "-V, --version", "print the version")
     .showHelpAfterError("(run with --help for usage)")
     .addHelpText("after", envHelp() + "\nExamples:\n  ax node --http 8080\n  ax executor demo --name demo\n  ax task create hello --executor demo --every 10s\n  ax runs hello\n  ax why <run-id>\n");
   program.exitOverride();
@@ -245,7 +247,7 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-if (process.argv[1] && /ops[\\/]cli\.ts$|bin[\\/]ax(\.mjs)?$/.test(process.argv[1])) {
+if (process.argv[1] && /ops[\\/]cli\.[jt]s$|bin[\\/]ax(\.mjs)?$/.test(process.argv[1])) {
   // `ax … | head`: a reader that stops early is not an error; stop quietly instead of a stack trace.
   process.stdout.on("error", (e: NodeJS.ErrnoException) => { if (e.code === "EPIPE") process.exit(0); else throw e; });
   void main(process.argv.slice(2)).then((code) => { process.exitCode = code; if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) setTimeout(() => process.exit(code), 50).unref(); });
