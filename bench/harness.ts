@@ -36,7 +36,7 @@ export interface AxBenchOptions {
   extraEnv?: Record<string, string>;
   /** Exploration: extra V8/Node flags for the node process (e.g. --max-semi-space-size=32). */
   nodeFlags?: string[];
-  /** Cross-check: the largest allowed gap between the runs table's started_ms and the handler's start (ms). */
+  /** Cross-check: how far the row's p50/p99 may be from the same figures by the runs table (ms). */
   crossCheckToleranceMs?: number;
 }
 
@@ -46,8 +46,13 @@ export function isExploration(o: AxBenchOptions): boolean {
     || Object.keys(o.extraEnv ?? {}).length > 0 || o.eventFlushMs !== undefined;
 }
 
-/** A measured row's figures disagree with the runs table: the row must not be printed or recorded. */
-export class CrossCheckError extends Error {
+/** A measured row that must not be printed or recorded (the reason says why). */
+export class RefusedRow extends Error {
+  override name = "RefusedRow";
+}
+
+/** A measured row's figures disagree with the runs table. */
+export class CrossCheckError extends RefusedRow {
   override name = "CrossCheckError";
   constructor(readonly label: string, readonly result: CrossCheckResult) {
     super(`cross-check failed for ${label}: ${result.problems.join("; ")}`);
@@ -238,7 +243,7 @@ export class AxBench {
         const n = (v: unknown) => (v === null ? null : Number(v));
         rows.push([Number(rest), Number(x[1]), n(x[2]), n(x[3]), String(x[4]), String(x[5]), n(x[6])]);
       }
-      const res = crossCheck(rows, rec, this.dueOf, this.opts.crossCheckToleranceMs ?? 100);
+      const res = crossCheck(rows, rec, this.dueOf, this.opts.crossCheckToleranceMs ?? 20);
       if (res.ok) return res;
       if (res.started >= rec.runs || Date.now() - t0 > settleMs) throw new CrossCheckError(label, res);
       await sleep(1000);

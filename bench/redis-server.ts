@@ -62,6 +62,7 @@ export async function startRedis(hz: number): Promise<OwnRedis> {
   for (;;) {
     if (child.exitCode !== null) { await stop(); throw new Error(`redis-server on port ${port} exited with ${child.exitCode}`); }
     const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    r.on("error", () => undefined); // refused while it starts: the loop tries again
     const ok = await r.connect().then(() => r.ping()).then(() => true, () => false);
     r.disconnect();
     if (ok) break;

@@ -177,9 +177,10 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
   compares it with what its handler saw, task by task: the number of started runs equals the
   number of handler starts; every run's \`due_ms\` is the due time the bench assigned (or, for a
   run the engine re-dated as \`misfire\` or \`retry\`, its \`slot_ms\` is; such runs are counted);
-  \`started_ms\` (the executor SDK's \`Date.now()\` when it took the run) is at most 100 ms
-  (\`--xcheck-tolerance\`) before the handler's start and not after it; \`fired_ms\` equals the
-  dispatch's \`firedAt\` and is not after \`started_ms\`. A row that disagrees is refused: not
+  \`started_ms\` (the executor SDK's \`Date.now()\` when it took the run) is not after the
+  handler's start and at most 1 s before it; \`fired_ms\` equals the dispatch's \`firedAt\` and is
+  not after \`started_ms\`; and the row's p50 and p99 are within 20 ms (\`--xcheck-tolerance\`) of
+  the same percentiles by the table alone (\`started_ms\` − due), over the same runs. A row that disagrees is refused: not
   printed, not recorded, the bench exits non-zero with the reason. The rows carry the table's own
   p99 (\`started_ms − due_ms\`) and the runs it shows refused at the in-flight bound.
 - **ax at the product defaults**: the node is started as \`ax node\` with no flags starts it

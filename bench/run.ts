@@ -17,7 +17,8 @@
  *   --docs-only        only rewrite docs/ from bench/results.json (and bench/analysis.md)
  *   --verbose          PostgreSQL counters and persister stats per step (stderr)
  *   --series FILE      also write each row's per-second lateness series to FILE (JSON lines)
- *   --xcheck-tolerance MS  largest handler start − runs.started_ms the cross-check accepts (100)
+ *   --lead MS          least time from the start of creation to the first due time (5000; raise it on a busy box)
+ *   --xcheck-tolerance MS  how far p50/p99 may be from the runs table's own figures (20)
  * Exploration (rows are labelled with what differs and never feed the table or the targets):
  *   --shards N  --tick MS  --max-in-flight N  --concurrency N (executor)  --event-flush MS
  *   --node-flags "..."  --tasks N  --rate R  --warmup N (other than the default)
@@ -25,7 +26,7 @@
 import { execSync } from "node:child_process";
 import { appendFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
-import { AxBench, CrossCheckError, WARMUP_PREFIX, isExploration, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
+import { AxBench, CrossCheckError, RefusedRow, WARMUP_PREFIX, isExploration, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
 import type { RecorderSummary, SeriesPoint } from "./recorder.ts";
 import type { CrossCheckResult } from "./crosscheck.ts";
@@ -42,6 +43,12 @@ const num = (name: string): number | undefined => { const v = opt(name); return 
 const quick = flag("quick");
 const DEFAULT_WARMUP = quick ? 2000 : 20_000;
 const warmup = num("warmup") ?? DEFAULT_WARMUP;
+/**
+ * The least time between the start of creation and the first due time (ms). Creation must end
+ * before it or the row is refused; a busy machine needs more. It changes nothing measured (a
+ * task due beyond the wheel's horizon waits in Redis either way).
+ */
+const minLeadMs = num("lead") ?? 5000;
 const verbose = flag("verbose");
 const peer = !flag("no-peer");
 /** BullMQ rows: the tuned peer (hz 100) and, with --peer-hz H, one more on a Redis at that hz. */
@@ -63,7 +70,7 @@ const benchOpts: AxBenchOptions = {
   ...(num("event-flush") !== undefined ? { eventFlushMs: num("event-flush")! } : {}),
   cpuProfDir: opt("prof") ?? null,
   ...(nodeFlags.length ? { nodeFlags } : {}),
-  crossCheckToleranceMs: num("xcheck-tolerance") ?? 100,
+  crossCheckToleranceMs: num("xcheck-tolerance") ?? 20,
 };
 const DEFAULT_SHARDS = Number(ENV_DEFAULTS.AX_SHARDS);
 const DEFAULT_TICK_MS = parseDuration("AX_TICK", ENV_DEFAULTS.AX_TICK!);
@@ -121,13 +128,27 @@ function row(scenario: string, tasks: number, rate: number | null, s: RecorderSu
 const xcFields = (x: CrossCheckResult) => ({ crossCheck: { runsRows: x.rows, started: x.started, refused: x.refused, redated: x.redated,
   startGapP99Ms: x.startGapP99Ms, maxStartGapMs: x.maxStartGapMs, tableP50: x.tableLatencyMs?.p50 ?? null, tableP99: x.tableLatencyMs?.p99 ?? null } });
 
-/** The cross-check of a step whose row is to be printed: disagreement ends the scenario (CrossCheckError). */
-function agreed(x: CrossCheckResult | CrossCheckError): CrossCheckResult {
-  if (x instanceof CrossCheckError) throw x;
-  return x;
+/**
+ * A step whose row is to be printed: its tasks were all created before the first was due (else the
+ * measured window missed the start of the firing), and the runs table agrees. Otherwise the
+ * scenario ends with the reason (RefusedRow).
+ */
+function agreed(x: { xc: CrossCheckResult | CrossCheckError; createdLateMs: number; createMs: number }, what: string): CrossCheckResult {
+  if (x.createdLateMs > 0) throw new RefusedRow(`${what}: creating the tasks took ${Math.round(x.createMs)} ms and ended ${x.createdLateMs} ms after the first was due; the machine is too busy for this lead time`);
+  if (x.xc instanceof CrossCheckError) throw x.xc;
+  return x.xc;
 }
 
-interface AxStep { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; xc: CrossCheckResult | CrossCheckError; /** T0: the first measured due time */ dueMs: number }
+/** A peer step whose jobs were not all added before the first was due is refused, as ax's. */
+function peerAgreed(p: { createdLateMs: number; createMs: number }, what: string): void {
+  if (p.createdLateMs > 0) throw new RefusedRow(`${what}: adding the jobs took ${Math.round(p.createMs)} ms and ended ${p.createdLateMs} ms after the first was due; the machine is too busy for this lead time`);
+}
+
+interface AxStep {
+  s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; xc: CrossCheckResult | CrossCheckError;
+  /** T0: the first measured due time */ dueMs: number;
+  /** How long after T0 the last task was created (0: in time). */ createdLateMs: number;
+}
 
 /**
  * One measured step on a started bench: `tasks` one-shot tasks due at `dueOf(T0, i)`, after
@@ -138,12 +159,13 @@ interface AxStep { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: Servers
 async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: number, i: number) => number,
   o: { warm: number; warmRate: number; warmGapMs?: number; graceMs?: number }): Promise<AxStep> {
   const warmSpanMs = o.warm > 0 ? Math.ceil((o.warm * 1000) / o.warmRate) + (o.warmGapMs ?? 0) : 0;
-  const leadMs = Math.max(5000, Math.ceil((tasks + o.warm) / 12) + 4000) + warmSpanMs;
+  const leadMs = Math.max(minLeadMs, Math.ceil((tasks + o.warm) / 12) + 4000) + warmSpanMs;
   const T0 = Date.now() + leadMs;
   const due = (i: number) => dueOf(T0, i);
   const rec = b.record(prefix, tasks, T0, due);
   if (o.warm > 0) await b.bulkCreate(WARMUP_PREFIX, o.warm, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / o.warmRate));
   const cr = await b.bulkCreate(prefix, tasks, due);
+  const createdLateMs = Math.max(0, Date.now() - T0);
   if (Date.now() > T0 - 1000) log(`warning: creating ${tasks} tasks took ${Math.round(cr.ms)}ms, close to the lead of ${leadMs}ms`);
   await sleep(Math.max(0, T0 - 300 - Date.now()));
   log(`created ${tasks} tasks in ${Math.round(cr.ms)}ms; the first is due at ${new Date(T0).toISOString().slice(11, 23)}`);
@@ -166,7 +188,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const s = rec.summary();
   const xc = await b.crossCheck(prefix).catch((e: unknown) => { if (e instanceof CrossCheckError) return e; throw e; });
   if (xc instanceof CrossCheckError) log(`cross-check of ${prefix}: ${xc.message}`);
-  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0 };
+  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs };
 }
 
 /** A seed step: `tasks` due from T0 on at `rate`/s, warmed with `warm` runs at the same rate. */
@@ -199,12 +221,13 @@ async function seedScenario(name: string, defTasks: number, defRate: number, emi
   const rate = num("rate") ?? defRate;
   log(`${name}: ${tasks} tasks at ${rate}/s, after ${warmup} unmeasured`);
   const ax = await withBench(benchOpts, (b) => axSeed(b, "t", tasks, rate, warmup));
-  const axRow = row(name, tasks, rate, ax.s, ax.u0, ax.u1, ax.sv, { createPerSec: Math.round(tasks / (ax.createMs / 1000)), ...xcFields(agreed(ax.xc)) });
+  const axRow = row(name, tasks, rate, ax.s, ax.u0, ax.u1, ax.sv, { createPerSec: Math.round(tasks / (ax.createMs / 1000)), ...xcFields(agreed(ax, `${name} (ax)`)) });
   if (name === "seed-500k" && !runExploration.length) seed500Default = { row: axRow, series: ax.s.series };
   const peers: Array<{ row: ResultRow; series: SeriesPoint[] }> = [];
   if (peer) for (const v of peerVariants) {
     log(`${name}: the same on BullMQ (redis-server hz ${v.hz})`);
-    const pr = await runBullSeed({ tasks, rate, warmup, hz: v.hz });
+    const pr = await runBullSeed({ tasks, rate, warmup, hz: v.hz, minLeadMs });
+    peerAgreed(pr, `${name} (${v.label})`);
     const peerRow = row(name, tasks, rate, pr.s, pr.u0, pr.u1, pr.sv, peerExtra(v.label, v.hz));
     peerRow.ratios = seedRatios(axRow, peerRow);
     peerRow.ratio = (peerRow.ratios as Record<string, number | null>).p99 ?? null;
@@ -237,7 +260,7 @@ async function maxRateScenario(emit: Emit): Promise<void> {
       const agrees = !(r.xc instanceof CrossCheckError);
       const pass = r.s.lost === 0 && r.s.duplicated === 0 && r.s.early === 0 && r.s.latencyMs.p99 <= p99Limit;
       // A passing step whose figures the runs table contradicts cannot be the row: stop here.
-      if (pass) agreed(r.xc);
+      if (pass) agreed(r, `max-rate step ${step} (ax)`);
       const rr = row("max-rate", tasks, rate, r.s, r.u0, r.u1, r.sv, agrees ? xcFields(r.xc as CrossCheckResult) : {});
       steps.push({ rate, p99: r.s.latencyMs.p99, lost: r.s.lost, dup: r.s.duplicated, early: r.s.early, achieved: rr.achievedRate, pass, crossCheck: agrees });
       log(`max-rate step ${step}: ${rate}/s → p99 ${r.s.latencyMs.p99}ms lost ${r.s.lost} dup ${r.s.duplicated} early ${r.s.early}${agrees ? "" : " (runs table disagrees)"} ${pass ? "pass" : "FAIL"}`);
@@ -258,7 +281,7 @@ async function maxRateScenario(emit: Emit): Promise<void> {
   if (peer) {
     log("max-rate: the same sweep on BullMQ (redis-server hz 100)");
     const v = peerVariants[0]!;
-    const pr = await runBullSweep({ start, windowS, budgetS, p99Limit, hz: v.hz, log });
+    const pr = await runBullSweep({ start, windowS, budgetS, p99Limit, hz: v.hz, log, minLeadMs });
     const peerRow = pr.best ? row("max-rate", pr.best.tasks, pr.best.rate, pr.best.s, pr.best.u0, pr.best.u1, pr.best.sv, peerExtra(v.label, v.hz))
       : row("max-rate", 0, 0, null, ZERO, ZERO, NO_SERVERS, peerExtra(v.label, v.hz));
     peerRow.sweep = pr.steps;
@@ -282,11 +305,12 @@ async function burstScenario(emit: Emit): Promise<void> {
   const tasks = num("tasks") ?? (quick ? 10_000 : 100_000);
   log(`burst: ${tasks} tasks due at one instant, after ${warmup} unmeasured`);
   const ax = await withBench(benchOpts, (b) => axStep(b, "t", tasks, (T0) => T0, { warm: warmup, warmRate: BURST_WARM_RATE, warmGapMs: 2000, graceMs: 120_000 }));
-  const axRow = burstRow(tasks, ax.s, ax.u0, ax.u1, ax.sv, ax.dueMs, xcFields(agreed(ax.xc)));
+  const axRow = burstRow(tasks, ax.s, ax.u0, ax.u1, ax.sv, ax.dueMs, xcFields(agreed(ax, "burst (ax)")));
   const peers: ResultRow[] = [];
   if (peer) for (const v of peerVariants) {
     log(`burst: the same on BullMQ (redis-server hz ${v.hz})`);
-    const pr = await runBullBurst({ tasks, warmup, warmRate: BURST_WARM_RATE, hz: v.hz });
+    const pr = await runBullBurst({ tasks, warmup, warmRate: BURST_WARM_RATE, hz: v.hz, minLeadMs });
+    peerAgreed(pr, `burst (${v.label})`);
     const pRow = burstRow(tasks, pr.s, pr.u0, pr.u1, pr.sv, pr.dueMs, peerExtra(v.label, v.hz));
     const a = axRow.lastStartMs as number | null; const p = pRow.lastStartMs as number | null;
     pRow.ratio = a !== null && p ? r2(a / p) : null;
@@ -310,7 +334,7 @@ async function shardsScenario(emit: Emit): Promise<void> {
   const run = async (o: AxBenchOptions, label: string) => {
     log(`shards: ${tasks} tasks at ${rate}/s on ${label}`);
     const r = await withBench(o, (b) => axSeed(b, "t", tasks, rate, warmup));
-    return { row: row("shards", tasks, rate, r.s, r.u0, r.u1, r.sv, xcFields(agreed(r.xc))), series: r.s.series };
+    return { row: row("shards", tasks, rate, r.s, r.u0, r.u1, r.sv, xcFields(agreed(r, `shards, ${label}`))), series: r.s.series };
   };
   const d = seed500Default && seed500Default.row.tasks === tasks && seed500Default.row.rate === rate
     ? { row: { ...seed500Default.row, scenario: "shards", reusedFrom: "seed-500k" }, series: seed500Default.series }
@@ -415,7 +439,7 @@ async function main(): Promise<void> {
   };
   for (const n of names) {
     try { await SCENARIOS[n]!(emit); } catch (e) {
-      if (e instanceof CrossCheckError) log(`${n}: REFUSED, the row is not printed or recorded: ${e.message}`);
+      if (e instanceof RefusedRow) log(`${n}: REFUSED, the row is not printed or recorded: ${e.message}`);
       else log(`${n} failed: ${(e as Error).stack ?? e}`);
       process.exitCode = 1;
     }
