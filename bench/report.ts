@@ -155,10 +155,10 @@ ${extras(full)}
 
 ${targets(full)}
 
-${existsSync(ANALYSIS) ? readFileSync(ANALYSIS, "utf8").trim() + "\n" : ""}
+${existsSync(ANALYSIS) ? (full.length ? "" : "*The analysis below was written about the rows now listed under \"Rows measured with the older method\"; it predates the [Method](#method) below.*\n\n") + readFileSync(ANALYSIS, "utf8").trim() + "\n" : ""}
 ${quick.length ? `### Scaled-down runs (\`--quick\`)\n\n${table(quick)}\n\n${extras(quick)}\n` : ""}
 ${exploration.length ? `### Explorations (non-default settings; not in the table above nor in the targets)\n\n${table(exploration)}\n\n${extras(exploration)}\n` : ""}
-${older.length ? `### Rows measured with the older method\n\nBefore the method below: lateness mixed \`performance.timeOrigin + performance.now()\` in the\nexecutor with the node's \`Date.now()\` due time and clamped negative values to 0; ax ran 4 shards with a\nbench-only in-flight bound of 200,000 and executor concurrency 4096; BullMQ used the shared Redis at\n\`hz 10\` with concurrency 1000 and no warm-up; no cross-check. Not comparable with the rows above.\n\n${table(older)}\n` : ""}
+${older.length ? `### Rows measured with the older method\n\nBefore the method below: lateness was the handler start by \`performance.timeOrigin + performance.now()\`\nminus the dispatch's own \`scheduledAt\` (the node's \`Date.now()\`; a run the engine re-dated as a misfire\nafter 1 s counted from its new due time), with negative values clamped to 0; ax ran 4 shards with a\nbench-only in-flight bound of 200,000, executor concurrency 4096 and a 10 s lease; BullMQ used the shared Redis at\n\`hz 10\` with concurrency 1000 and no warm-up; no cross-check. Not comparable with the rows above.\n\n${table(older)}\n` : ""}
 ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scaled down" : ""}${current(plot) ? "" : ", older method"})\n\n![lateness per second](bench-lateness.svg)\n\np99 and max lateness per second of the run, ax and BullMQ.\n` : ""}
 ## Method
 
