@@ -3,6 +3,10 @@
  * namespace's PostgreSQL schema) must agree with what the bench saw in its handler. A row whose
  * figures disagree is refused (not printed, not recorded), with the reason.
  *
+ * The recorder's window is closed (Recorder.freeze) before: table runs that started after it are
+ * left out, and so is a task whose only start the table puts within MAX_START_GAP_MS before the
+ * close (its handler may have started just after).
+ *
  * Checked, per task the bench created in the step:
  * - the number of runs with a start in the table = the number of handler starts the bench saw;
  * - every run's `due_ms` = the due time the bench assigned (the engine fired what was asked), or,
@@ -28,6 +32,8 @@ export interface CrossCheckResult {
   problems: string[];
   /** Runs in the table for the measured tasks, of which started, of which refused (in-flight bound). */
   rows: number; started: number; refused: number;
+  /** Started runs in the table after the recorder's window closed (not compared). */
+  afterWindow: number;
   /** Runs whose due_ms the engine moved (by source), their slot_ms being the bench's due time. */
   redated: Record<string, number>;
   /** Handler start − table started_ms over the tasks (ms): p99 and largest. */
@@ -49,7 +55,8 @@ export function crossCheck(rows: RunRowTuple[], rec: Recorder, dueOf: (i: number
   const startedCount = new Uint8Array(rec.expected);
   const firstStarted = new Float64Array(rec.expected).fill(NaN);
   const firstFired = new Float64Array(rec.expected).fill(NaN);
-  let started = 0; let refused = 0;
+  let started = 0; let refused = 0; let afterWindow = 0;
+  const closedAt = rec.frozenAt ?? Infinity;
   const redated: Record<string, number> = {};
   const tableLate: number[] = [];
   for (const [i, dueMs, firedMs, startedMs, state, source, slotMs] of rows) {
@@ -61,6 +68,7 @@ export function crossCheck(rows: RunRowTuple[], rec: Recorder, dueOf: (i: number
       else note("due", `task ${i}: due_ms ${dueMs} (source ${source}, slot_ms ${slotMs}) in the runs table, the bench assigned ${assigned}`);
     }
     if (startedMs === null) continue;
+    if (startedMs > closedAt) { afterWindow++; continue; }
     started++;
     // The table's own lateness, from the due time it says the task had before any re-dating.
     tableLate.push(startedMs - (dueMs !== assigned && slotMs !== null ? slotMs : dueMs));
@@ -74,6 +82,7 @@ export function crossCheck(rows: RunRowTuple[], rec: Recorder, dueOf: (i: number
   for (let i = 0; i < rec.expected; i++) {
     const f = rec.first(i);
     const seen = f?.runs ?? 0;
+    if (seen === 0 && startedCount[i]! > 0 && firstStarted[i]! > closedAt - MAX_START_GAP_MS) continue; // straddles the close
     if (seen !== startedCount[i]) { note("count", `task ${i}: ${seen} handler start(s), ${startedCount[i]} started run(s) in the runs table`); continue; }
     if (!f) continue;
     const gap = f.startMs - firstStarted[i]!;
@@ -91,6 +100,6 @@ export function crossCheck(rows: RunRowTuple[], rec: Recorder, dueOf: (i: number
       if (Math.abs(b[k] - t[k]) > toleranceMs) problems.push(`${k} lateness: ${b[k]} ms by the handler, ${t[k]} ms by the runs table (more than ${toleranceMs} ms apart)`);
     }
   }
-  return { ok: problems.length === 0, problems, rows: rows.length, started, refused, redated, startGapP99Ms: gaps.length ? summarize(gaps).p99 : 0, maxStartGapMs: maxGap,
+  return { ok: problems.length === 0, problems, rows: rows.length, started, refused, afterWindow, redated, startGapP99Ms: gaps.length ? summarize(gaps).p99 : 0, maxStartGapMs: maxGap,
     tableLatencyMs: tableLate.length ? summarize(tableLate) : null };
 }

@@ -245,6 +245,7 @@ export class AxBench {
       }
       const res = crossCheck(rows, rec, this.dueOf, this.opts.crossCheckToleranceMs ?? 20);
       if (res.ok) return res;
+      // The table is behind while it has fewer started runs (of the window) than the handler saw.
       if (res.started >= rec.runs || Date.now() - t0 > settleMs) throw new CrossCheckError(label, res);
       await sleep(1000);
     }

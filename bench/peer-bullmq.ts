@@ -199,6 +199,7 @@ async function workerMain(): Promise<void> {
         case "wait": {
           const done = await rec!.waitFor(m.n, m.timeoutMs);
           await sleep(1000);
+          rec!.freeze();
           send({ t: "reply", id: m.id, value: { ...rec!.summary(), done } });
           break;
         }

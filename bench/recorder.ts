@@ -20,7 +20,7 @@ export interface RecorderSummary {
   expected: number;
   /** Handler starts of the expected tasks (duplicates included). */
   runs: number;
-  /** Tasks never run. */
+  /** Tasks not run by the end of the measured window (30 s after the last due time; burst 120 s). */
   lost: number;
   /** Tasks run more than once. */
   duplicated: number;
@@ -28,6 +28,8 @@ export interface RecorderSummary {
   early: number;
   /** Handler starts of tasks the bench did not create in this step (not in any figure). */
   unexpected: number;
+  /** Handler starts after the window closed (freeze()): not in any figure. */
+  afterWindow: number;
   latencyMs: LatencySummary;
   /**
    * Lateness of the runs due after the first WARMUP_MS of the run: the steady state, without the
@@ -90,6 +92,9 @@ export class Recorder {
   runs = 0;
   early = 0;
   unexpected = 0;
+  afterWindow = 0;
+  /** Date.now() when the measured window closed; later handler starts are not recorded. */
+  frozenAt: number | null = null;
   firstStartMs: number | null = null;
   lastStartMs: number | null = null;
   /** Number of distinct tasks that ran at least once. */
@@ -107,6 +112,7 @@ export class Recorder {
    * `startMs` (Date.now() in the handler). `firedMs` is the system's own fire time, if it says.
    */
   record(index: number, dueMs: number, startMs: number, firedMs?: number): void {
+    if (this.frozenAt !== null) { this.afterWindow++; return; }
     if (!(Number.isInteger(index) && index >= 0 && index < this.expected)) { this.unexpected++; return; }
     const late = startMs - dueMs;
     if (late < 0) this.early++;
@@ -146,6 +152,12 @@ export class Recorder {
     });
   }
 
+  /**
+   * Closes the measured window: the summary and the cross-check see exactly the handler starts
+   * before this instant (a run still firing afterwards would otherwise change one but not the other).
+   */
+  freeze(): void { this.frozenAt ??= Date.now(); }
+
   summary(): RecorderSummary {
     let lost = 0; let duplicated = 0;
     for (let i = 0; i < this.expected; i++) { const c = this.counts[i]!; if (c === 0) lost++; else if (c > 1) duplicated++; }
@@ -158,7 +170,7 @@ export class Recorder {
     }
     const f = fired.length ? summarize(fired) : null; const d = deliver.length ? summarize(deliver) : null;
     return {
-      expected: this.expected, runs: this.runs, lost, duplicated, early: this.early, unexpected: this.unexpected,
+      expected: this.expected, runs: this.runs, lost, duplicated, early: this.early, unexpected: this.unexpected, afterWindow: this.afterWindow,
       latencyMs: summarize(lates),
       steadyLatencyMs: this.steady.n ? summarize(this.steady.view()) : null,
       firstStartMs: this.firstStartMs, lastStartMs: this.lastStartMs,

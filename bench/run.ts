@@ -125,7 +125,7 @@ function row(scenario: string, tasks: number, rate: number | null, s: RecorderSu
 }
 
 /** The cross-check's figures as a row carries them. */
-const xcFields = (x: CrossCheckResult) => ({ crossCheck: { runsRows: x.rows, started: x.started, refused: x.refused, redated: x.redated,
+const xcFields = (x: CrossCheckResult) => ({ crossCheck: { runsRows: x.rows, started: x.started, refused: x.refused, redated: x.redated, afterWindow: x.afterWindow,
   startGapP99Ms: x.startGapP99Ms, maxStartGapMs: x.maxStartGapMs, tableP50: x.tableLatencyMs?.p50 ?? null, tableP99: x.tableLatencyMs?.p99 ?? null } });
 
 /**
@@ -176,6 +176,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const done = await rec.waitFor(tasks, due(tasks - 1) - Date.now() + graceMs);
   if (!done) log(`warning: only ${rec.distinct}/${tasks} ran within ${graceMs / 1000}s after the last due time`);
   await sleep(1000); // a duplicate would show up now
+  rec.freeze();
   const u1 = await b.usage(); const sv = diffServers(s0, serversCpu());
   sv.pgOwn = Math.round((await b.pgOwnCpuS() - own0) * 100) / 100;
   const me = process.cpuUsage(me0); sv.executor = Math.round((me.user + me.system) / 1e4) / 100;

@@ -108,4 +108,22 @@ describe("bench cross-check against the runs table", () => {
     expect(x.ok).toBe(false);
     expect(x.problems[0]).toMatch(/task 2: the dispatch said firedAt/);
   });
+
+  it("compares only the measured window: later starts are in neither the row nor the check", () => {
+    const r = new Recorder(3, T0);
+    r.record(0, dueOf(0), dueOf(0) + 12, dueOf(0) + 4);
+    r.frozenAt = dueOf(0) + 2000; // the window closed; tasks 1 and 2 had not run
+    r.record(1, dueOf(1), dueOf(1) + 2500, dueOf(1) + 4);
+    expect(r.summary()).toMatchObject({ runs: 1, lost: 2, afterWindow: 1 });
+    const t: RunRowTuple[] = [
+      [0, dueOf(0), dueOf(0) + 4, dueOf(0) + 11, "success", "once", dueOf(0)],
+      [1, dueOf(1), dueOf(1) + 4, dueOf(1) + 2499, "success", "once", dueOf(1)], // after the close
+      [2, dueOf(2), dueOf(2) + 4, dueOf(0) + 1995, "success", "once", dueOf(2)], // just before it: its handler may have started after
+    ];
+    const x = crossCheck(t, r, dueOf, 20);
+    expect(x.problems).toEqual([]);
+    expect(x).toMatchObject({ started: 2, afterWindow: 1 });
+    t[2]![3] = dueOf(0) + 500; // well before the close, yet the handler never saw it
+    expect(crossCheck(t, r, dueOf, 20).problems.join(" ")).toMatch(/task 2: 0 handler start\(s\), 1 started run/);
+  });
 });
