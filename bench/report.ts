@@ -193,7 +193,7 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
   choice, like BullMQ's worker concurrency: 100 on both sides. If the default in-flight bound
   limits a scenario, that shows (refused runs, lateness) and is a finding. \`--shards\`,
   \`--tick\`, \`--max-in-flight\`, \`--concurrency\`, \`--node-flags\`, \`--event-flush\`, \`--tasks\`,
-  \`--rate\` and a non-default \`--warmup\` are explorations: their rows are labelled with what
+  \`--rate\`, \`--window\`, \`--budget\` and a non-default \`--warmup\` are explorations: their rows are labelled with what
   differs and never feed the table or the targets.
 - **Warm-up, both systems alike**: 20,000 unmeasured runs (2,000 with \`--quick\`) due just before
   the measured ones at the same rate (burst: at 8,200/s, ending 2 s before the burst instant), so

@@ -11,7 +11,6 @@
  *   --quick            scaled-down sizes (each scenario well under a minute)
  *   --no-peer          skip the BullMQ rows           --prof DIR write a CPU profile of the node
  *   --peer-hz 10       also a BullMQ row on a redis-server at that hz (labelled; 100 is the main peer)
- *   --window S         max-rate step length (10, quick 3)   --budget S max-rate time bound (360, quick 60)
  *   --warmup N         unmeasured runs before the measured ones, ax and BullMQ alike (20000, quick 2000)
  *   --no-docs          do not touch docs/ or bench/results.json
  *   --docs-only        only rewrite docs/ from bench/results.json (and bench/analysis.md)
@@ -22,6 +21,7 @@
  * Exploration (rows are labelled with what differs and never feed the table or the targets):
  *   --shards N  --tick MS  --max-in-flight N  --concurrency N (executor)  --event-flush MS
  *   --node-flags "..."  --tasks N  --rate R  --warmup N (other than the default)
+ *   --window S (max-rate step length; 10, quick 3)  --budget S (max-rate time bound; 360, quick 60)
  */
 import { execSync } from "node:child_process";
 import { appendFileSync } from "node:fs";
@@ -92,6 +92,8 @@ const runExploration = [
   ...(num("tasks") !== undefined ? [`tasks ${num("tasks")}`] : []),
   ...(num("rate") !== undefined ? [`rate ${num("rate")}`] : []),
   ...(warmup !== DEFAULT_WARMUP ? [`warm-up ${warmup}`] : []),
+  ...(num("window") !== undefined ? [`window ${num("window")} s`] : []),
+  ...(num("budget") !== undefined ? [`budget ${num("budget")} s`] : []),
 ];
 
 const r1 = (v: number) => Math.round(v * 10) / 10;
@@ -212,7 +214,7 @@ function seedRatios(a: ResultRow, p: ResultRow): Record<string, number | null> {
   };
 }
 
-const peerExtra = (label: string, hz: number) => ({ peer: label, peerConfig: { redisHz: hz, workers: 1, concurrency: PEER_CONCURRENCY, warmup } });
+const peerExtra = (label: string, hz: number, warm = warmup) => ({ peer: label, peerConfig: { redisHz: hz, workers: 1, concurrency: PEER_CONCURRENCY, warmup: warm } });
 
 /** The seed-500k ax row of this invocation at the product defaults (the shards scenario reuses it). */
 let seed500Default: { row: ResultRow; series: SeriesPoint[] } | null = null;
@@ -278,13 +280,15 @@ async function maxRateScenario(emit: Emit): Promise<void> {
   const axRow = best ? best.r : row("max-rate", 0, 0, null, ZERO, ZERO, NO_SERVERS);
   axRow.sweep = steps;
   axRow.p99LimitMs = p99Limit;
+  axRow.warmup = sweepWarmUp(start, windowS).tasks; // the sweep's own unmeasured step, not --warmup
   emit(axRow, best ? { ax: best.s.series } : undefined);
   if (peer) {
     log("max-rate: the same sweep on BullMQ (redis-server hz 100)");
     const v = peerVariants[0]!;
     const pr = await runBullSweep({ start, windowS, budgetS, p99Limit, hz: v.hz, log, minLeadMs });
-    const peerRow = pr.best ? row("max-rate", pr.best.tasks, pr.best.rate, pr.best.s, pr.best.u0, pr.best.u1, pr.best.sv, peerExtra(v.label, v.hz))
-      : row("max-rate", 0, 0, null, ZERO, ZERO, NO_SERVERS, peerExtra(v.label, v.hz));
+    const warmTasks = sweepWarmUp(start, windowS).tasks;
+    const peerRow = pr.best ? row("max-rate", pr.best.tasks, pr.best.rate, pr.best.s, pr.best.u0, pr.best.u1, pr.best.sv, peerExtra(v.label, v.hz, warmTasks))
+      : row("max-rate", 0, 0, null, ZERO, ZERO, NO_SERVERS, peerExtra(v.label, v.hz, warmTasks));
     peerRow.sweep = pr.steps;
     peerRow.ratio = axRow.rate && peerRow.rate ? r2(axRow.rate / peerRow.rate) : null;
     peerRow.ratios = { rate: peerRow.ratio, achievedRate: axRow.achievedRate && peerRow.achievedRate ? r2(axRow.achievedRate / peerRow.achievedRate) : null,
@@ -427,7 +431,7 @@ async function main(): Promise<void> {
     const exploration = [...runExploration, ...((r.exploration as string[] | undefined) ?? [])];
     const out: ResultRow = { ...r, quick, method: METHOD, exploration,
       ...(r.peer ? {} : { shards: (r.shards as number | undefined) ?? benchOpts.shards ?? DEFAULT_SHARDS, tickMs: benchOpts.tickMs ?? DEFAULT_TICK_MS,
-        maxInFlight: benchOpts.maxInFlight ?? Number(ENV_DEFAULTS.AX_MAX_IN_FLIGHT), executorConcurrency: benchOpts.executorConcurrency, warmup }) };
+        maxInFlight: benchOpts.maxInFlight ?? Number(ENV_DEFAULTS.AX_MAX_IN_FLIGHT), executorConcurrency: benchOpts.executorConcurrency, warmup: (r.warmup as number | undefined) ?? warmup }) };
     process.stdout.write(JSON.stringify(out) + "\n");
     rows.push({ row: out, ...(series ? { series } : {}) });
     if (seriesFile && series) appendFileSync(seriesFile, JSON.stringify({ scenario: out.scenario, ...series }) + "\n");
