@@ -200,7 +200,10 @@ const axSeed = (b: AxBench, prefix: string, tasks: number, rate: number, warm = 
 
 async function withBench<T>(opts: AxBenchOptions, fn: (b: AxBench) => Promise<T>): Promise<T> {
   const b = await AxBench.start(opts);
-  try { return await fn(b); } finally { await b.stop(); }
+  try { return await fn(b); } catch (e) {
+    if (!(e instanceof RefusedRow)) log(`the node's log (last lines):\n${b.logTail()}`);
+    throw e;
+  } finally { await b.stop(); }
 }
 
 type Emit = (r: ResultRow, series?: { ax?: SeriesPoint[]; peer?: SeriesPoint[] }) => void;
