@@ -1,5 +1,6 @@
 import { fork, type ChildProcess } from "node:child_process";
-import { mkdirSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import { connect } from "@nats-io/transport-node";
@@ -8,23 +9,54 @@ import { loadConfig, names, type AxConfig } from "../common/index.ts";
 import { AxClient } from "../ops/client.ts";
 import { Executor, dropStreams, type RunContext } from "../protocol/index.ts";
 import { Store, DueIndex } from "../actors/index.ts";
-import { Recorder, wallNow } from "./recorder.ts";
+import { Recorder } from "./recorder.ts";
+import { crossCheck, type CrossCheckResult, type RunRowTuple } from "./crosscheck.ts";
 import { procCpuS, procRssMb } from "./proc.ts";
 
+/**
+ * How the node and the executor are started. Everything left undefined is the product default,
+ * i.e. what `ax node` with no flags uses (AX_SHARDS 64, AX_TICK 20ms, AX_MAX_IN_FLIGHT 5000,
+ * lease and heartbeat defaults, no V8 flags). Setting shards, tickMs, maxInFlight, nodeFlags or
+ * extraEnv makes the run an exploration (run.ts labels its rows and keeps them out of the table).
+ */
 export interface AxBenchOptions {
-  shards: number;
-  tickMs: number;
-  /** In-flight bound per executor (node-wide and registered for the bench executor). */
-  maxInFlight: number;
+  /** Exploration: AX_SHARDS for the namespace (fixed when the cluster is created). */
+  shards?: number;
+  /** Exploration: AX_TICK in ms. */
+  tickMs?: number;
+  /** Exploration: AX_MAX_IN_FLIGHT (the node-wide in-flight bound per executor). */
+  maxInFlight?: number;
+  /** The executor instance's concurrency: the user's choice, like BullMQ's worker concurrency. */
   executorConcurrency: number;
   /** The executor SDK's event flush period (ms). */
   eventFlushMs?: number;
   /** Write V8 CPU profiles of the node process over each measured window into this directory. */
   cpuProfDir: string | null;
-  logLevel: string;
+  /** Exploration: AX_* variables for the node. */
   extraEnv?: Record<string, string>;
-  /** Extra V8/Node flags for the node process (e.g. --max-semi-space-size=32). */
+  /** Exploration: extra V8/Node flags for the node process (e.g. --max-semi-space-size=32). */
   nodeFlags?: string[];
+  /** Cross-check: how far the row's p50/p99 may be from the same figures by the runs table (ms). */
+  crossCheckToleranceMs?: number;
+}
+
+/** True when the options differ from the product defaults in anything but the executor's concurrency. */
+export function isExploration(o: AxBenchOptions): boolean {
+  return o.shards !== undefined || o.tickMs !== undefined || o.maxInFlight !== undefined || (o.nodeFlags?.length ?? 0) > 0
+    || Object.keys(o.extraEnv ?? {}).length > 0 || o.eventFlushMs !== undefined;
+}
+
+/** A measured row that must not be printed or recorded (the reason says why). */
+export class RefusedRow extends Error {
+  override name = "RefusedRow";
+}
+
+/** A measured row's figures disagree with the runs table. */
+export class CrossCheckError extends RefusedRow {
+  override name = "CrossCheckError";
+  constructor(readonly label: string, readonly result: CrossCheckResult) {
+    super(`cross-check failed for ${label}: ${result.problems.join("; ")}`);
+  }
 }
 
 export interface NodeUsage { cpuS: number; sysS?: number; rssMb: number; heapUsedMb: number; maxRssMb: number }
@@ -48,40 +80,57 @@ export class AxBench {
   executor!: Executor;
   recorder: Recorder | null = null;
   private prefix = "";
+  private dueOf: (i: number) => number = () => NaN;
+  /** The node's stdout/stderr (pino at the product's default level), removed after a clean stop. */
+  readonly logPath: string;
   private seq = 0;
   private replies = new Map<number, (v: unknown) => void>();
 
   private constructor(readonly opts: AxBenchOptions) {
     this.ns = `bench_${randomBytes(4).toString("hex")}`;
+    // Only the namespace and what an exploration asks for; AX_* settings of the caller's
+    // environment other than the server URLs are dropped so that they cannot leak into a row.
     this.env = {
-      AX_NAMESPACE: this.ns, AX_SHARDS: String(opts.shards), AX_TICK: `${opts.tickMs}ms`, AX_MAX_IN_FLIGHT: String(opts.maxInFlight),
-      AX_LOG_LEVEL: opts.logLevel, AX_HEARTBEAT: "1s", AX_LEASE_TTL: "10s", ...opts.extraEnv,
+      AX_NAMESPACE: this.ns,
+      ...(opts.shards !== undefined ? { AX_SHARDS: String(opts.shards) } : {}),
+      ...(opts.tickMs !== undefined ? { AX_TICK: `${opts.tickMs}ms` } : {}),
+      ...(opts.maxInFlight !== undefined ? { AX_MAX_IN_FLIGHT: String(opts.maxInFlight) } : {}),
+      ...opts.extraEnv,
     };
-    this.config = loadConfig(process.env, this.env);
+    this.config = loadConfig(urlsOnly(process.env), this.env);
+    this.logPath = join(tmpdir(), `ax-${this.ns}.log`);
   }
 
   static async start(opts: AxBenchOptions): Promise<AxBench> {
     const b = new AxBench(opts);
     await b.startNode();
     b.client = await AxClient.connect(b.config.natsUrl, b.ns);
-    await b.client.call("executor.register", { name: EXECUTOR, maxInFlight: opts.maxInFlight });
+    // The executor registers itself as any SDK user's does (no in-flight bound of its own: the
+    // node's default applies).
     b.executor = new Executor({
-      name: EXECUTOR, namespace: b.ns, natsUrl: b.config.natsUrl, concurrency: opts.executorConcurrency, register: false,
+      name: EXECUTOR, namespace: b.ns, natsUrl: b.config.natsUrl, concurrency: opts.executorConcurrency,
       ...(opts.eventFlushMs !== undefined ? { eventFlushMs: opts.eventFlushMs } : {}),
       handler: (ctx) => b.onRun(ctx),
     });
     await b.executor.start();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([b.executor.registered, new Promise((_, reject) => { timer = setTimeout(() => reject(new Error("the executor was not registered within 30 s")), 30_000); })])
+      .finally(() => clearTimeout(timer));
     return b;
   }
 
   get nodePid(): number { return this.child.pid!; }
 
   private startNode(): Promise<void> {
-    const execArgv = ["--import", "tsx", "--expose-gc", "--max-old-space-size=6144"];
+    // As bin/ax.mjs runs it: tsx and no V8 flags. --expose-gc only makes `gc()` callable (idle-1m
+    // settles the heap before reading it); it does not change how V8 collects.
+    const execArgv = ["--import", "tsx", "--expose-gc"];
     execArgv.push(...(this.opts.nodeFlags ?? []));
+    const fd = openSync(this.logPath, "w");
     this.child = fork(new URL("./node-child.ts", import.meta.url).pathname, [], {
-      execArgv, env: { ...process.env, ...this.env }, stdio: ["ignore", 2, 2, "ipc"],
+      execArgv, env: { ...urlsOnly(process.env), ...this.env }, stdio: ["ignore", fd, fd, "ipc"],
     });
+    closeSync(fd);
     this.child.on("message", (m: { t: string; id?: number; value?: unknown; error?: string }) => {
       if (m.t === "reply" && m.id !== undefined) { this.replies.get(m.id)?.(m.value); this.replies.delete(m.id); }
     });
@@ -91,7 +140,7 @@ export class AxBench {
         if (m.t === "error") reject(new Error(m.error));
       };
       this.child.on("message", onMsg);
-      this.child.once("exit", (code) => reject(new Error(`node process exited with ${code} before it was ready`)));
+      this.child.once("exit", (code) => reject(new Error(`node process exited with ${code} before it was ready; its log:\n${this.logTail()}`)));
     });
   }
 
@@ -104,6 +153,10 @@ export class AxBench {
     });
   }
   usage(): Promise<NodeUsage> { return this.ask<NodeUsage>("usage"); }
+  /** The last lines of the node's log (for an error message). */
+  logTail(lines = 30): string {
+    try { return readFileSync(this.logPath, "utf8").trimEnd().split("\n").slice(-lines).join("\n"); } catch { return "(no log)"; }
+  }
   private profSeq = 0;
   /** Starts a CPU profile of the node (when --prof DIR was given). */
   async profStart(): Promise<void> { if (this.opts.cpuProfDir) await this.ask("profStart"); }
@@ -143,21 +196,59 @@ export class AxBench {
   private pgSeen = new Map<number, number>();
   rssMb(): number { return procRssMb(this.nodePid) ?? 0; }
 
-  /** Starts recording runs of tasks named `<prefix><i>`, i in [0, expected); warm-up tasks are not recorded. */
-  record(prefix: string, expected: number, originMs: number): Recorder {
+  /**
+   * Starts recording runs of tasks named `<prefix><i>`, i in [0, expected), whose due time is
+   * `dueOf(i)`: the bench's own assignment, the one it passes to bulkCreate. Warm-up tasks and
+   * tasks of other prefixes are not recorded.
+   */
+  record(prefix: string, expected: number, originMs: number, dueOf: (i: number) => number): Recorder {
     this.prefix = prefix;
+    this.dueOf = dueOf;
     this.recorder = new Recorder(expected, originMs);
     return this.recorder;
   }
 
   private onRun(ctx: RunContext): void {
-    const start = wallNow();
+    // The handler's start on the scheduler's clock, first thing, before any bookkeeping.
+    const start = Date.now();
     const r = this.recorder;
     if (!r) return;
     const n = ctx.taskName;
-    if (n.startsWith(WARMUP_PREFIX)) return;
-    const idx = n.startsWith(this.prefix) ? Number(n.slice(this.prefix.length)) : -1;
-    r.record(Number.isInteger(idx) ? idx : -1, ctx.scheduledAt, start, ctx.firedAt);
+    if (n.startsWith(WARMUP_PREFIX) || !n.startsWith(this.prefix)) return;
+    const rest = n.slice(this.prefix.length);
+    const idx = /^\d+$/.test(rest) ? Number(rest) : -1;
+    r.record(idx, idx >= 0 ? this.dueOf(idx) : NaN, start, ctx.firedAt);
+  }
+
+  /**
+   * Compares the recorder with the namespace's runs table for tasks `<prefix><i>` (see
+   * crosscheck.ts). The table is written behind the runs (the executor's started events are
+   * batched, the node's writes too): it is read again for up to `settleMs` while it has fewer
+   * started runs than the handler saw. Throws CrossCheckError when they disagree.
+   */
+  async crossCheck(label: string, settleMs = 15_000): Promise<CrossCheckResult> {
+    const rec = this.recorder;
+    if (!rec) throw new Error("crossCheck before record");
+    const store = this.statsStore ??= new Store({ pgUrl: this.config.pgUrl, schema: this.ns, poolSize: 1 });
+    const t0 = Date.now();
+    for (;;) {
+      const r = await store.pool.query<unknown[]>({
+        text: `select substr(task_name, $2), due_ms, fired_ms, started_ms, state, source, slot_ms from "${this.ns}".runs where starts_with(task_name, $1)`,
+        values: [this.prefix, this.prefix.length + 1], rowMode: "array",
+      });
+      const rows: RunRowTuple[] = [];
+      for (const x of r.rows) {
+        const rest = String(x[0]);
+        if (!/^\d+$/.test(rest)) continue; // e.g. prefix "s1-" and a task "s1-x": not the bench's
+        const n = (v: unknown) => (v === null ? null : Number(v));
+        rows.push([Number(rest), Number(x[1]), n(x[2]), n(x[3]), String(x[4]), String(x[5]), n(x[6])]);
+      }
+      const res = crossCheck(rows, rec, this.dueOf, this.opts.crossCheckToleranceMs ?? 20);
+      if (res.ok) return res;
+      // The table is behind while it has fewer started runs (of the window) than the handler saw.
+      if (res.started >= rec.runs || Date.now() - t0 > settleMs) throw new CrossCheckError(label, res);
+      await sleep(1000);
+    }
   }
 
   /**
@@ -197,8 +288,16 @@ export class AxBench {
     await this.client?.close();
     await this.statsStore?.close();
     await teardownNamespace(this.config);
+    rmSync(this.logPath, { force: true });
     return last;
   }
+}
+
+/** The caller's environment without AX_* settings other than where the servers are. */
+function urlsOnly(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const out: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(env)) if (!k.startsWith("AX_") || ["AX_NATS_URL", "AX_REDIS_URL", "AX_PG_URL"].includes(k)) out[k] = v;
+  return out;
 }
 
 /** Removes a namespace from PostgreSQL, Redis and JetStream. */

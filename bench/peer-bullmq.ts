@@ -1,29 +1,38 @@
 /**
- * The peer: the same one-shot delayed workload on BullMQ delayed jobs. The producer (this
- * process) adds jobs with `addBulk` (1000 per call, `timestamp` and `delay` set so a job is
- * due exactly when the ax task would be); one Worker in a child process (its CPU and RSS are
- * reported as the "node" figures) records handler start − due time exactly as the ax executor
- * does. Queue names carry a unique prefix; everything is obliterated and the keys deleted after.
+ * The peer: the same one-shot delayed workload on BullMQ delayed jobs, tuned as a user who
+ * cares about latency would run it:
+ * - its own redis-server (redis-server.ts), started for each peer row on a free loopback port
+ *   with `--hz 100 --save "" --appendonly no` and stopped after it (`--peer-hz 10` adds a row at
+ *   Redis's default hz, labelled);
+ * - one Worker (concurrency 100) in a child process, whose CPU and RSS are the row's "node"
+ *   figures; the servers' CPU is that redis-server's alone;
+ * - warmed like ax: the measured jobs are preceded by unmeasured ones (20k by default) due just
+ *   before them at the same rate.
+ * The producer (this process) adds jobs with `addBulk` (1000 per call, `timestamp` and `delay`
+ * set so a job is due exactly when the ax task would be; the due time the bench assigned travels
+ * in the job's data). The worker records `Date.now()` at handler start − that due time, on the
+ * same recorder as ax.
  *
  * Note the durability difference: ax writes every transition to PostgreSQL (fsync on); the
  * BullMQ side keeps its state in Redis, which runs here without AOF or snapshots.
  */
 import { fork, type ChildProcess } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import { Queue, Worker, type Job } from "bullmq";
-import { Redis } from "ioredis";
-import { Recorder, wallNow, type RecorderSummary } from "./recorder.ts";
-import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
+import { Recorder, type RecorderSummary } from "./recorder.ts";
+import type { ServersCpu } from "./proc.ts";
 import type { NodeUsage } from "./harness.ts";
 import { nextSweepRate, sweepWarmUp } from "./sweep.ts";
+import { startRedis, type OwnRedis } from "./redis-server.ts";
 
-/** The warm-up step's id (measured steps are 0, 1, …). */
+/** The warm-up steps' id (measured steps are 0, 1, …). */
 const WARM_UP_STEP = 1000;
+export const PEER_CONCURRENCY = 100;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-export interface PeerResult { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; tasks: number; rate: number }
+export interface PeerResult { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; tasks: number; rate: number | null; dueMs: number; /** How long after T0 the last job was added (0: in time). */ createdLateMs: number }
+export interface PeerOptions { hz: number; concurrency?: number; /** least lead time, as for ax (run.ts --lead) */ minLeadMs?: number }
 
 function redisConn(url: string) {
   const u = new URL(url);
@@ -36,21 +45,21 @@ type ChildMsg =
   | { t: "usage"; id: number }
   | { t: "stop"; id: number };
 
-/** The parent side: a worker process plus a producer queue under one unique prefix. */
+/** The parent side: its own redis-server, a worker process and a producer queue. */
 class BullBench {
-  readonly prefix = `axbench_${randomBytes(4).toString("hex")}`;
   readonly queueName = "delayed";
-  queue: Queue;
+  queue!: Queue;
+  redis!: OwnRedis;
   child!: ChildProcess;
   private seq = 0;
   private replies = new Map<number, (v: unknown) => void>();
-  constructor(readonly redisUrl: string, readonly concurrency: number) {
-    this.queue = new Queue(this.queueName, { connection: redisConn(redisUrl), prefix: this.prefix });
-  }
+  constructor(readonly o: PeerOptions) {}
   async start(): Promise<void> {
+    this.redis = await startRedis(this.o.hz);
+    this.queue = new Queue(this.queueName, { connection: redisConn(this.redis.url), prefix: "axbench" });
     this.child = fork(fileURLToPath(import.meta.url), ["worker"], {
-      execArgv: ["--import", "tsx", "--max-old-space-size=6144"], stdio: ["ignore", 2, 2, "ipc"],
-      env: { ...process.env, BULL_PREFIX: this.prefix, BULL_QUEUE: this.queueName, BULL_REDIS: this.redisUrl, BULL_CONCURRENCY: String(this.concurrency) },
+      execArgv: ["--import", "tsx"], stdio: ["ignore", 2, 2, "ipc"],
+      env: { ...process.env, BULL_PREFIX: "axbench", BULL_QUEUE: this.queueName, BULL_REDIS: this.redis.url, BULL_CONCURRENCY: String(this.o.concurrency ?? PEER_CONCURRENCY) },
     });
     this.child.on("message", (m: { t: string; id?: number; value?: unknown }) => {
       if (m.t === "reply" && m.id !== undefined) { this.replies.get(m.id)?.(m.value); this.replies.delete(m.id); }
@@ -87,77 +96,82 @@ class BullBench {
     await Promise.all(Array.from({ length: 4 }, worker));
     return performance.now() - t0;
   }
-  /** One step: `tasks` jobs due from a lead time on at `rate`/s; waits until all ran. */
-  async seed(step: number, tasks: number, rate: number): Promise<PeerResult> {
-    const leadMs = Math.max(5000, Math.ceil(tasks / 12) + 4000);
+  /**
+   * One measured step: `tasks` jobs due at `dueOf(i)` (from T0 on), after `warmup` unmeasured
+   * jobs due just before T0 at `warmRate`/s; waits until every measured job ran.
+   */
+  async step(step: number, tasks: number, warmup: number, warmRate: number, dueOf: (T0: number, i: number) => number, rate: number | null): Promise<PeerResult> {
+    const warmSpanMs = warmup > 0 ? Math.ceil((warmup * 1000) / warmRate) : 0;
+    const leadMs = Math.max(this.o.minLeadMs ?? 5000, Math.ceil((tasks + warmup) / 12) + 4000) + warmSpanMs;
     const T0 = Date.now() + leadMs;
-    const dueOf = (i: number) => T0 + Math.floor((i * 1000) / rate);
+    const due = (i: number) => dueOf(T0, i);
     await this.ask({ t: "record", step, expected: tasks, origin: T0 });
-    const createMs = await this.add(step, tasks, dueOf);
+    if (warmup > 0) await this.add(WARM_UP_STEP, warmup, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / warmRate));
+    const createMs = await this.add(step, tasks, due);
+    const createdLateMs = Math.max(0, Date.now() - T0);
     await sleep(Math.max(0, T0 - 300 - Date.now()));
-    const u0 = await this.ask<NodeUsage>({ t: "usage" }); const s0 = serversCpu();
-    const s = await this.ask<RecorderSummary & { done: boolean }>({ t: "wait", n: tasks, timeoutMs: dueOf(tasks - 1) - Date.now() + 30_000 });
-    const u1 = await this.ask<NodeUsage>({ t: "usage" }); const sv = diffServers(s0, serversCpu());
-    return { s, u0, u1, sv, createMs, tasks, rate };
+    const u0 = await this.ask<NodeUsage>({ t: "usage" }); const r0 = this.redis.cpuS();
+    const s = await this.ask<RecorderSummary & { done: boolean }>({ t: "wait", n: tasks, timeoutMs: due(tasks - 1) - Date.now() + (rate === null ? 120_000 : 30_000) });
+    const u1 = await this.ask<NodeUsage>({ t: "usage" });
+    const redis = Math.round((this.redis.cpuS() - r0) * 100) / 100;
+    return { s, u0, u1, sv: { postgres: 0, redis, nats: 0, total: redis }, createMs, tasks, rate, dueMs: T0, createdLateMs };
   }
   async stop(): Promise<void> {
-    if (this.child.exitCode === null) {
+    if (this.child && this.child.exitCode === null) {
       await this.ask({ t: "stop" }, 30_000).catch(() => undefined);
       await sleep(100);
       if (this.child.exitCode === null) this.child.kill("SIGKILL");
     }
-    await this.queue.obliterate({ force: true }).catch(() => undefined);
-    await this.queue.close();
-    // Whatever obliterate leaves (meta, markers): delete every key under the prefix.
-    const r = new Redis(this.redisUrl);
-    let cursor = "0";
-    do {
-      const [next, keys] = await r.scan(cursor, "MATCH", `${this.prefix}:*`, "COUNT", 1000);
-      cursor = next;
-      if (keys.length) await r.del(...keys);
-    } while (cursor !== "0");
-    r.disconnect();
+    await this.queue?.close().catch(() => undefined);
+    await this.redis?.stop();
   }
 }
 
-export async function runBullSeed(o: { tasks: number; rate: number; redisUrl: string; concurrency?: number }): Promise<PeerResult> {
-  const b = new BullBench(o.redisUrl, o.concurrency ?? 1000);
-  await b.start();
-  try { return await b.seed(0, o.tasks, o.rate); } finally { await b.stop(); }
+async function withPeer<T>(o: PeerOptions, fn: (b: BullBench) => Promise<T>): Promise<T> {
+  const b = new BullBench(o);
+  try { await b.start(); return await fn(b); } finally { await b.stop(); }
 }
 
-export interface SweepStep { rate: number; p99: number; lost: number; dup: number; achieved: number | null; pass: boolean }
+/** `tasks` jobs due from T0 on at `rate`/s, after `warmup` unmeasured ones at the same rate. */
+export function runBullSeed(o: PeerOptions & { tasks: number; rate: number; warmup: number }): Promise<PeerResult> {
+  return withPeer(o, (b) => b.step(0, o.tasks, o.warmup, o.rate, (T0, i) => T0 + Math.floor((i * 1000) / o.rate), o.rate));
+}
+
+/** `tasks` jobs due at one instant, after `warmup` unmeasured ones at `warmRate`/s ending 2 s before it. */
+export function runBullBurst(o: PeerOptions & { tasks: number; warmup: number; warmRate: number }): Promise<PeerResult> {
+  return withPeer(o, (b) => b.step(0, o.tasks, o.warmup, o.warmRate, (T0) => T0, null));
+}
+
+export interface SweepStep { rate: number; p99: number; lost: number; dup: number; early?: number; achieved: number | null; pass: boolean; crossCheck?: boolean }
 
 /** The same bounded sweep as ax's max-rate: ×1.5 while passing, then bisect to within 10%. */
-export async function runBullSweep(o: { start: number; windowS: number; budgetS: number; p99Limit: number; redisUrl: string; log: (...a: unknown[]) => void; concurrency?: number }):
+export async function runBullSweep(o: PeerOptions & { start: number; windowS: number; budgetS: number; p99Limit: number; log: (...a: unknown[]) => void }):
   Promise<{ best: PeerResult | null; steps: SweepStep[] }> {
-  const b = new BullBench(o.redisUrl, o.concurrency ?? 1000);
-  await b.start();
   const steps: SweepStep[] = [];
   let best: PeerResult | null = null;
-  try {
+  await withPeer(o, async (b) => {
     const warm = sweepWarmUp(o.start, o.windowS);
     o.log(`bullmq max-rate warm-up: ${warm.tasks} jobs at ${warm.rate}/s (not measured)`);
-    await b.seed(WARM_UP_STEP, warm.tasks, warm.rate);
+    await b.step(WARM_UP_STEP + 1, warm.tasks, 0, warm.rate, (T0, i) => T0 + Math.floor((i * 1000) / warm.rate), warm.rate);
     await sleep(1000);
     const t0 = Date.now();
     let lo = 0; let hi = Infinity; let rate = o.start; let step = 0;
     while ((Date.now() - t0) / 1000 < o.budgetS && step < 12) {
       const tasks = Math.round(rate * o.windowS);
-      const r = await b.seed(step, tasks, rate);
-      const pass = r.s.lost === 0 && r.s.duplicated === 0 && r.s.latencyMs.p99 <= o.p99Limit;
+      const r = await b.step(step, tasks, 0, rate, (T0, i) => T0 + Math.floor((i * 1000) / rate), rate);
       const s = r.s;
+      const pass = s.lost === 0 && s.duplicated === 0 && s.early === 0 && r.createdLateMs === 0 && s.latencyMs.p99 <= o.p99Limit;
       const achieved = s.runs > 1 && s.lastStartMs !== null && s.firstStartMs !== null && s.lastStartMs > s.firstStartMs ? Math.round((s.runs - 1) / ((s.lastStartMs - s.firstStartMs) / 1000)) : null;
-      steps.push({ rate, p99: s.latencyMs.p99, lost: s.lost, dup: s.duplicated, achieved, pass });
-      o.log(`bullmq max-rate step ${step}: ${rate}/s → p99 ${s.latencyMs.p99}ms lost ${s.lost} dup ${s.duplicated} ${pass ? "pass" : "FAIL"}`);
-      if (pass) { lo = rate; if (!best || rate > best.rate) best = r; } else hi = rate;
+      steps.push({ rate, p99: s.latencyMs.p99, lost: s.lost, dup: s.duplicated, early: s.early, achieved, pass });
+      o.log(`bullmq max-rate step ${step}: ${rate}/s → p99 ${s.latencyMs.p99}ms lost ${s.lost} dup ${s.duplicated} early ${s.early} ${pass ? "pass" : "FAIL"}`);
+      if (pass) { lo = rate; if (!best || rate > (best.rate ?? 0)) best = r; } else hi = rate;
       step++;
       const next = nextSweepRate(rate, lo, hi);
       if (next === null) break;
       rate = next;
       await sleep(1000);
     }
-  } finally { await b.stop(); }
+  });
   return { best, steps };
 }
 
@@ -168,9 +182,10 @@ async function workerMain(): Promise<void> {
   let rec: Recorder | null = null;
   let step = -1;
   const worker = new Worker(process.env.BULL_QUEUE!, async (job: Job<{ s: number; i: number; due: number }>) => {
-    const start = wallNow();
+    // The handler's start on the same clock as ax's executor; the due time is the bench's own.
+    const start = Date.now();
     if (rec && job.data.s === step) rec.record(job.data.i, job.data.due, start);
-  }, { connection: redisConn(process.env.BULL_REDIS!), prefix: process.env.BULL_PREFIX!, concurrency: Number(process.env.BULL_CONCURRENCY ?? 1000),
+  }, { connection: redisConn(process.env.BULL_REDIS!), prefix: process.env.BULL_PREFIX!, concurrency: Number(process.env.BULL_CONCURRENCY ?? PEER_CONCURRENCY),
     removeOnComplete: { count: 0 }, removeOnFail: { count: 0 } });
   await worker.waitUntilReady();
   const usage = (): NodeUsage => {
@@ -184,6 +199,7 @@ async function workerMain(): Promise<void> {
         case "wait": {
           const done = await rec!.waitFor(m.n, m.timeoutMs);
           await sleep(1000);
+          rec!.freeze();
           send({ t: "reply", id: m.id, value: { ...rec!.summary(), done } });
           break;
         }
