@@ -11,7 +11,7 @@ import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Sto
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
 import { publishDispatch, type Persister, type ShardDispatchRun } from "../persister.ts";
-import { backoffMs, nextPointer, type Pointer } from "./schedule.ts";
+import { backoffMs, compiledOf, nextPointer, type Pointer } from "./schedule.ts";
 
 export interface ShardActorDeps {
   nodeId: string;
@@ -165,6 +165,8 @@ export class ShardActor implements EventSink {
   private readonly horizonMs: number;
   private readonly refillEveryMs: number;
   private readonly leadMs: number;
+  /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
+  private acquiredMs = Infinity;
   private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0 };
 
@@ -190,6 +192,7 @@ export class ShardActor implements EventSink {
 
   async start(): Promise<void> {
     this.state = "loading";
+    this.acquiredMs = this.d.clock.now();
     const t0 = this.d.clock.monotonic();
     const dueRows = await this.d.store.dueOfShard(this.shard);
     await this.d.due.rebuild(this.shard, dueRows);
@@ -434,14 +437,29 @@ export class ShardActor implements EventSink {
       reason: row.nextReason ?? "", causedBy: row.nextCausedBy,
     };
     const scheduled = p.source !== "retry" && p.source !== "misfire" && p.source !== "dependency";
-    if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay") {
-      // Came due while nobody owned the shard (node down, hand-over): the misfire policy decides.
+    if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay" && !this.onlyBehind(row, p, now)) {
+      // Came due while nobody owned the shard (node down, hand-over), or so long ago that later
+      // slots passed too: the misfire policy decides.
       const np = nextPointer(row, now);
       if (!np) { this.setPointer(round, lt, null); return; }
       if (np.dueMs > now + this.d.tickMs) { this.setPointer(round, lt, np); return; } // skip: resume cadence
       p = np;
     }
     this.fire(round, lt, p, now, {});
+  }
+
+  /**
+   * A slot that came due while this actor owned the shard, with no later slot of its trigger
+   * passed yet: the node is behind (overloaded), not down. The run fires as the slot it is, with
+   * its own due time, instead of being re-dated as a misfire catch-up (and, with misfire=skip,
+   * never run at all).
+   */
+  private onlyBehind(row: TaskRow, p: Pointer, now: number): boolean {
+    if (p.dueMs < this.acquiredMs) return false;
+    const tr = p.triggerId === null ? undefined : row.triggers.find((t) => t.id === p.triggerId);
+    if (!tr) return false;
+    const next = compiledOf(tr).next(p.slotMs ?? p.dueMs);
+    return next === null || next > now;
   }
 
   private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string }): void {

@@ -175,4 +175,25 @@ describe("engine v2", () => {
     expect(done.executorInstance).toBe(ex.instance);
     expect(done.lateOutcome).toBeNull();
   });
+
+  it("a node that is behind (busy past a slot) fires the slot as itself: no re-dating as a misfire, and misfire=skip does not drop it", async () => {
+    tc = new TestCluster("engb", { AX_LEASE_TTL: "10s" }); // the busy spell stays well inside the lease: behind, not gone
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    await tc.startNode("b1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    await ex.registered;
+    const client = await tc.client();
+    const due = Date.now() + 3000;
+    await client.call("task.create", { name: "behind", executor: "w", at: new Date(due).toISOString(), misfire: "skip" });
+    await sleep(Math.max(0, due - 500 - Date.now()));
+    // The node runs in this process: block its event loop across the due time, as an overload would.
+    const until = Date.now() + 2200;
+    while (Date.now() < until) { /* busy */ }
+    await waitFor(() => starts.length === 1, 10_000, "the late slot fired");
+    const runs = await runsOf(store, "behind");
+    expect(runs.map((r) => [r.source, r.dueMs, r.state])).toEqual([["once", due, "success"]]);
+    expect(starts[0]!.scheduledAt).toBe(due);
+  });
 });
