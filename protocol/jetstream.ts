@@ -82,6 +82,14 @@ export async function ensureNodeEventsConsumer(jsm: JetStreamManager, n: Names, 
  */
 export const DEPENDENCY_ACK_WAIT_MS = 5_000;
 
+/** One shard's two durables, re-created if they were deleted (a shard being loaded checks them). */
+export async function ensureShardConsumer(jsm: JetStreamManager, n: Names, shard: number): Promise<void> {
+  await Promise.all([
+    ensureConsumer(jsm, n.eventsStream, shardEventsConsumer(shard), n.eventsSubject(shard), 10_000, 20_000),
+    ensureConsumer(jsm, n.eventsStream, shardTriggerConsumer(shard), n.triggerSubject(shard), DEPENDENCY_ACK_WAIT_MS, 5_000),
+  ]);
+}
+
 /** Per-shard durables: they move with the shard, so a new owner resumes where the old one acked. */
 export async function ensureShardConsumers(jsm: JetStreamManager, n: Names, shardCount: number): Promise<void> {
   const jobs: Array<Promise<void>> = [];

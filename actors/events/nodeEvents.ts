@@ -67,7 +67,7 @@ export class NodeEvents {
     for (let failures = 0; !this.stopped;) {
       try {
         const consumer = await this.d.js.consumers.get(this.d.names.eventsStream, nodeEventsConsumer(this.d.nodeId));
-        this.messages = await consumer.consume({ max_messages: 256, expires: Math.max(1000, this.d.pullExpiresMs) });
+        this.messages = await consumer.consume({ max_messages: 256, expires: Math.max(1000, this.d.pullExpiresMs), abort_on_missing_resource: true });
         for await (const m of this.messages) { failures = 0; this.onMessage(m); }
       } catch (e) {
         if (this.stopped) break;

@@ -1,8 +1,8 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { JetStreamClient, ConsumerMessages } from "@nats-io/jetstream";
+import { jetstreamManager, type JetStreamClient, type ConsumerMessages } from "@nats-io/jetstream";
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, newRunId, runToken, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
+  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, ensureShardConsumer, newRunId, runToken, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -225,11 +225,13 @@ export class ShardActor implements EventSink {
   }
 
   private async startConsumers(): Promise<void> {
+    await ensureShardConsumer(await jetstreamManager(this.d.nc), this.d.names, this.shard);
     const ev = await this.d.js.consumers.get(this.d.names.eventsStream, shardEventsConsumer(this.shard));
     const expires = this.d.pullExpiresMs ? { expires: Math.max(1000, this.d.pullExpiresMs) } : {};
-    const evMsgs = await ev.consume({ max_messages: 256, ...expires });
+    // A deleted consumer ends the loop (see consumerEnded) instead of being retried silently.
+    const evMsgs = await ev.consume({ max_messages: 256, abort_on_missing_resource: true, ...expires });
     const tr = await this.d.js.consumers.get(this.d.names.eventsStream, shardTriggerConsumer(this.shard));
-    const trMsgs = await tr.consume({ max_messages: 64, ...expires });
+    const trMsgs = await tr.consume({ max_messages: 64, abort_on_missing_resource: true, ...expires });
     this.consumers.push(evMsgs, trMsgs);
     this.consumerLoops.push((async () => {
       for await (const m of evMsgs) {
@@ -239,7 +241,7 @@ export class ShardActor implements EventSink {
         if (dec.value.shard !== this.shard) { this.log.warn({ got: dec.value.shard }, "event batch for another shard refused"); m.term(); continue; }
         this.tell({ t: "events", events: dec.value.events, instance: dec.value.instance, msg: m });
       }
-    })().catch((e) => this.log.warn({ err: String(e) }, "event consumer ended")));
+    })().then(() => this.consumerEnded("event consumer ended"), (e) => this.consumerEnded(`event consumer failed: ${String(e)}`)));
     this.consumerLoops.push((async () => {
       for await (const m of trMsgs) {
         if (this.state !== "active") { m.nak(); continue; }
@@ -247,7 +249,19 @@ export class ShardActor implements EventSink {
         if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed dependency trigger refused"); m.term(); continue; }
         this.tell({ t: "trigger", trig: dec.value, msg: m });
       }
-    })().catch((e) => this.log.warn({ err: String(e) }, "trigger consumer ended")));
+    })().then(() => this.consumerEnded("trigger consumer ended"), (e) => this.consumerEnded(`trigger consumer failed: ${String(e)}`)));
+  }
+
+  /**
+   * A consumer loop ended while the shard is active (consumer deleted, a connection that lost it):
+   * the shard would stay owned and deaf to its events. It is stopped instead and loaded afresh by
+   * the supervisor, with new consumers.
+   */
+  private consumerEnded(why: string): void {
+    if (this.state !== "active") return;
+    this.log.warn({ why }, "shard restarts: a consumer stopped delivering");
+    this.fence(why);
+    this.d.onFenced(this.shard);
   }
 
   private scheduleRefill(): void {
@@ -297,7 +311,7 @@ export class ShardActor implements EventSink {
             if (m.t === "events" || m.t === "trigger") m.msg.nak(1000);
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
-          this.fence();
+          this.fence(`round failed: ${String(e)}`);
           this.d.onFenced(this.shard);
           return;
         }
@@ -740,7 +754,7 @@ export class ShardActor implements EventSink {
     if (stale) {
       this.log.error("epoch is no longer current: write refused, shard stops");
       for (const m of round.acks) m.nak();
-      this.fence();
+      this.fence("epoch no longer current");
       this.d.onFenced(this.shard);
       return;
     }
@@ -910,7 +924,7 @@ export class ShardActor implements EventSink {
   }
 
   /** Lease lost: stop now, write nothing more. */
-  fence(): void {
+  fence(why = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
     this.wheel.stop();
@@ -923,6 +937,6 @@ export class ShardActor implements EventSink {
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
     }
     this.mail = [];
-    this.log.warn("lease:lost — shard stopped");
+    this.log.warn({ why }, why === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
   }
 }

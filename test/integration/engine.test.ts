@@ -2,7 +2,8 @@ import { afterEach, describe, expect, it } from "vitest";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { Store } from "../../actors/index.ts";
 import { names } from "../../common/index.ts";
-import { DispatchBatchSchema, decode, type RunContext } from "../../protocol/index.ts";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { DispatchBatchSchema, decode, shardEventsConsumer, type RunContext } from "../../protocol/index.ts";
 import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
 
@@ -195,5 +196,26 @@ describe("engine v2", () => {
     const runs = await runsOf(store, "behind");
     expect(runs.map((r) => [r.source, r.dueMs, r.state])).toEqual([["once", due, "success"]]);
     expect(starts[0]!.scheduledAt).toBe(due);
+  });
+
+  it("a shard whose event consumer is deleted restarts with a new one instead of staying owned and deaf", async () => {
+    tc = new TestCluster("engc");
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const node = await tc.startNode("c1");
+    await tc.waitForShards();
+    nc = await connect({ servers: tc.config.natsUrl });
+    const jsm = await jetstreamManager(nc);
+    const n = names(tc.ns);
+    const epochOf = async (s: number) => (await store!.listShards()).find((x) => x.shard === s)!.epoch;
+    const before = await epochOf(3);
+    await jsm.consumers.delete(n.eventsStream, shardEventsConsumer(3));
+    await waitFor(async () => (await epochOf(3)) > before && node.ownedShards().includes(3), 20_000, "shard 3 loaded again");
+    await waitFor(async () => { try { await jsm.consumers.info(n.eventsStream, shardEventsConsumer(3)); return true; } catch { return false; } }, 10_000, "its consumer re-created");
+    // And it reads it: a forwarded (v1) event for one of its runs is applied.
+    const ex = await tc.startExecutor("w", () => undefined);
+    await ex.registered;
+    const client = await tc.client();
+    const created = await client.call<{ id: number; shard: number }>("task.create", { name: "after", executor: "w", delay: "100ms" });
+    await waitFor(async () => (await runsOf(store!, "after")).some((r) => r.state === "success"), 10_000, `task on shard ${created.shard} ran`);
   });
 });
