@@ -41,11 +41,18 @@ export class DueIndex {
   private readonly builtOn = new Map<number, string>();
   /** single and sentinel modes: bumped on every (re)connection, which is when the master may have changed. */
   private connections = 0;
+  private closed = false;
 
   constructor(readonly target: RedisTarget, readonly namespace: string) {
     this.redis = createRedis(target);
     this.redis.on("error", () => undefined); // reconnects by itself; callers see failed commands
     this.redis.on("ready", () => { this.connections++; });
+    // ioredis gives up on a connection in rare races (an "end" nobody asked for; every command
+    // then fails with "Connection is closed."): start it again rather than lose Redis for good.
+    this.redis.on("end", () => {
+      if (this.closed) return;
+      setTimeout(() => { if (!this.closed && this.redis.status === "end") this.redis.connect().catch(() => undefined); }, 1000).unref();
+    });
     this.redis.defineCommand("axTakeDue", { numberOfKeys: TAKE_DUE_KEYS, lua: TAKE_DUE });
     this.n = names(namespace);
   }
@@ -121,5 +128,5 @@ export class DueIndex {
     }
     return removed;
   }
-  async close(): Promise<void> { this.redis.disconnect(); }
+  async close(): Promise<void> { this.closed = true; this.redis.disconnect(); }
 }

@@ -35,9 +35,10 @@ export function createRedis(t: RedisTarget): RedisClient {
   if (t.mode === "sentinel") {
     const o: RedisOptions = {
       ...common, db: t.db, sentinels: t.nodes.map((n) => ({ host: n.host, port: n.port })), name: t.masterName!, role: "master",
-      // Subscribes to the sentinels' +switch-master so a promotion is followed at once, not at
-      // the next failed command.
-      failoverDetector: true,
+      // No failoverDetector: a killed master closes the connection and a promotion makes Redis
+      // drop its clients anyway; with it on, a +switch-master arriving while the client was
+      // reconnecting left it ended for good ("Connection is closed." on every command, seen in
+      // the sentinel test; ioredis issue 1683 reports the same symptom).
       sentinelRetryStrategy: (times) => Math.min(100 * times, 1000),
       enableTLSForSentinelMode: t.tls,
     };
