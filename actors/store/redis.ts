@@ -41,6 +41,7 @@ export function createRedis(t: RedisTarget): RedisClient {
       // the sentinel test; ioredis issue 1683 reports the same symptom).
       sentinelRetryStrategy: (times) => Math.min(100 * times, 1000),
       enableTLSForSentinelMode: t.tls,
+      ...(t.tls ? { sentinelTLS: {} } : {}),
     };
     if (t.sentinelPassword !== undefined) o.sentinelPassword = t.sentinelPassword;
     return new Redis(o);
