@@ -137,7 +137,6 @@ export class ShardActor {
   private refilling: Promise<void> | null = null;
   /** The last written round's publishes and due-index updates (see commit()). */
   private effects: Promise<void> = Promise.resolve();
-  private indexUpdates: Promise<void> = Promise.resolve();
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
@@ -678,17 +677,10 @@ export class ShardActor {
     }
     const removeSet = new Set(round.redisRemove);
     for (const a of round.redisAdd) removeSet.delete(a.id);
-    // Due-index updates go on a chain of their own, still in round order: a Redis failover
-    // (seconds of retries) must not hold back the next rounds' fires (issue 19).
-    if (removeSet.size || round.redisAdd.length) {
-      this.indexUpdates = this.indexUpdates.then(() => Promise.all([
-        removeSet.size ? this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined) : undefined,
-        round.redisAdd.length ? this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")) : undefined,
-      ])).then(() => undefined);
-    }
-    const indexed = this.indexUpdates;
+    if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
+    if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
-    if (round.replies.length) void indexed.then(() => { for (const r of round.replies) r(); });
+    for (const r of round.replies) r();
   }
 
   private publishDispatch(executor: string, msgID: string, runs: DispatchRun[]): Promise<unknown> {
@@ -783,7 +775,6 @@ export class ShardActor {
     await this.refilling?.catch(() => undefined);
     while (this.processing) await this.idle;
     await this.effects;
-    await this.indexUpdates;
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
