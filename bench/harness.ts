@@ -304,7 +304,7 @@ function urlsOnly(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
 export async function teardownNamespace(config: AxConfig): Promise<void> {
   const store = new Store({ pgUrl: config.pgUrl, schema: config.namespace, poolSize: 2 });
   await store.dropNamespace().catch(() => undefined).finally(() => store.close());
-  const due = new DueIndex(config.redisUrl, config.namespace);
+  const due = new DueIndex(config.redis, config.namespace);
   await due.dropNamespace().catch(() => undefined).finally(() => due.close());
   const nc = await connect({ servers: config.natsUrl });
   try { await dropStreams(await jetstreamManager(nc), names(config.namespace)); } finally { await nc.close(); }

@@ -362,7 +362,7 @@ async function idleScenario(emit: Emit): Promise<void> {
   log(`idle-1m: ${tasks} tasks due next week`);
   await withBench(benchOpts, async (b) => {
     const base = await b.gcUsage();
-    const due = new DueIndex(b.config.redisUrl, b.ns);
+    const due = new DueIndex(b.config.redis, b.ns);
     const redisMem = async () => Number(/used_memory:(\d+)/.exec(await due.redis.info("memory"))?.[1] ?? 0);
     const redis0 = await redisMem();
     const week = Date.now() + 7 * 86_400_000;

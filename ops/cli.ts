@@ -17,7 +17,7 @@ export function exitCodeOf(e: unknown): number {
 }
 
 function envHelp(): string {
-  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]} [${ENV_DEFAULTS[k]}]`).join("\n") + "\n";
+  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]}${ENV_DEFAULTS[k] === undefined ? "" : ` [${ENV_DEFAULTS[k]}]`}`).join("\n") + "\n";
 }
 
 function parseJsonFlag(field: string, s: string | undefined): unknown {

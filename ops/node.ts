@@ -88,7 +88,9 @@ export class AxNode {
     this.shardCount = await this.store.initShardCount(c.shardCount);
     this.dispatchSecret = await this.store.dispatchSecret();
     if (this.shardCount !== c.shardCount) this.log.info({ shardCount: this.shardCount }, "cluster shard count was fixed at creation; using it");
-    this.due = new DueIndex(c.redisUrl, c.namespace);
+    this.due = new DueIndex(c.redis, c.namespace);
+    // A wrong mode (a cluster node given as single, say) is refused here, once, with the fix.
+    await this.due.check();
     this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);

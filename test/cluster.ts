@@ -96,7 +96,7 @@ export class TestCluster {
     await Promise.allSettled(this.clients.map((c) => c.close()));
     const store = new Store({ pgUrl: this.config.pgUrl, schema: this.ns, poolSize: 2 });
     await store.dropNamespace().finally(() => store.close());
-    const due = new DueIndex(this.config.redisUrl, this.ns);
+    const due = new DueIndex(this.config.redis, this.ns);
     await due.dropNamespace().finally(() => due.close());
     const nc = await connect({ servers: this.config.natsUrl });
     try { await dropStreams(await jetstreamManager(nc), names(this.ns)); } finally { await nc.close(); }

@@ -1,15 +1,27 @@
-import { Redis } from "ioredis";
-import { names } from "../../common/index.ts";
+import type { Cluster, Redis } from "ioredis";
+import { names, type Names, type RedisTarget } from "../../common/index.ts";
+import { checkRedis, createRedis, keySlot, type RedisClient } from "./redis.ts";
 
 /**
  * take-due — KEYS[1] = the shard's due sorted set; ARGV[1] = upper bound (epoch ms, inclusive),
  * ARGV[2] = max members. Returns [member, score, member, score, ...] of the earliest members due
  * by the bound and removes exactly those, atomically: two callers never both take a member.
  */
-const TAKE_DUE = `
+export const TAKE_DUE_KEYS = 1;
+export const TAKE_DUE = `
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 for i = 1, #items, 2 do redis.call('ZREM', KEYS[1], items[i]) end
 return items`;
+
+/**
+ * Every key the index of one shard touches. Each carries the hash tag `{shard}` (the namespace
+ * cannot contain a brace), so in a Redis Cluster they share one slot: the take-due script and
+ * every multi-key command stay on one master.
+ */
+export function shardKeys(n: Names, shard: number): { due: string; built: string } {
+  const due = n.dueKey(shard);
+  return { due, built: `${due}:built` };
+}
 
 /**
  * The per-shard due index: a sorted set (member = task id, score = due epoch ms) per shard,
@@ -18,52 +30,103 @@ return items`;
  * is rebuilt from it whenever a shard is acquired or the index is found missing.
  */
 export class DueIndex {
-  readonly redis: Redis;
+  readonly redis: RedisClient;
   private readonly n: ReturnType<typeof names>;
-  constructor(redisUrl: string, readonly namespace: string) {
-    this.redis = new Redis(redisUrl, { maxRetriesPerRequest: 3, lazyConnect: false, enableAutoPipelining: true });
+  /**
+   * Per shard, the server its keys were on when this process last rebuilt or checked its index.
+   * Replication is asynchronous: a replica promoted by Sentinel or Cluster may lack the last
+   * writes (entries added, or taken ones back) while its `:built` marker survived. A shard whose
+   * server changed since is rebuilt from PostgreSQL as if its index were missing.
+   */
+  private readonly builtOn = new Map<number, string>();
+  /** single and sentinel modes: bumped on every (re)connection, which is when the master may have changed. */
+  private connections = 0;
+  private closed = false;
+
+  constructor(readonly target: RedisTarget, readonly namespace: string) {
+    this.redis = createRedis(target);
     this.redis.on("error", () => undefined); // reconnects by itself; callers see failed commands
-    this.redis.defineCommand("axTakeDue", { numberOfKeys: 1, lua: TAKE_DUE });
+    this.redis.on("ready", () => { this.connections++; });
+    // ioredis gives up on a connection in rare races (an "end" nobody asked for; every command
+    // then fails with "Connection is closed."): start it again rather than lose Redis for good.
+    this.redis.on("end", () => {
+      if (this.closed) return;
+      setTimeout(() => { if (!this.closed && this.redis.status === "end") this.redis.connect().catch(() => undefined); }, 1000).unref();
+    });
+    this.redis.defineCommand("axTakeDue", { numberOfKeys: TAKE_DUE_KEYS, lua: TAKE_DUE });
     this.n = names(namespace);
   }
-  private markerKey(shard: number): string { return `${this.n.dueKey(shard)}:built`; }
+  private markerKey(shard: number): string { return shardKeys(this.n, shard).built; }
+  private dueKey(shard: number): string { return shardKeys(this.n, shard).due; }
+
+  /** Waits for the connection and refuses a deployment that is not what the mode says (see checkRedis). */
+  async check(timeoutMs?: number): Promise<void> { await checkRedis(this.redis, this.target, timeoutMs); }
+
+  /** Which server holds the shard's slot now, as far as this client knows. */
+  private serverOf(shard: number): string {
+    if (this.target.mode === "cluster") return (this.redis as Cluster).slots[keySlot(this.dueKey(shard))]?.[0] ?? "?";
+    return `connection ${this.connections}`;
+  }
 
   async add(shard: number, entries: ReadonlyArray<{ id: number; dueMs: number }>): Promise<void> {
     for (let i = 0; i < entries.length; i += 1000) {
       const args: Array<string | number> = [];
       for (const e of entries.slice(i, i + 1000)) args.push(e.dueMs, e.id);
-      await this.redis.zadd(this.n.dueKey(shard), ...args);
+      await this.redis.zadd(this.dueKey(shard), ...args);
     }
   }
   async remove(shard: number, ids: ReadonlyArray<number>): Promise<void> {
-    if (ids.length) await this.redis.zrem(this.n.dueKey(shard), ...ids.map(String));
+    if (ids.length) await this.redis.zrem(this.dueKey(shard), ...ids.map(String));
   }
   async takeDue(shard: number, untilMs: number, limit: number): Promise<Array<{ id: number; dueMs: number }>> {
     const flat = (await (this.redis as unknown as { axTakeDue(k: string, a: number, b: number): Promise<string[]> })
-      .axTakeDue(this.n.dueKey(shard), untilMs, limit)) ?? [];
+      .axTakeDue(this.dueKey(shard), untilMs, limit)) ?? [];
     const out: Array<{ id: number; dueMs: number }> = [];
     for (let i = 0; i < flat.length; i += 2) out.push({ id: Number(flat[i]), dueMs: Number(flat[i + 1]) });
     return out;
   }
-  async size(shard: number): Promise<number> { return this.redis.zcard(this.n.dueKey(shard)); }
-  async isBuilt(shard: number): Promise<boolean> { return (await this.redis.exists(this.markerKey(shard))) === 1; }
+  async size(shard: number): Promise<number> { return this.redis.zcard(this.dueKey(shard)); }
+  /**
+   * False when the marker is missing, and also when the shard's server changed since this
+   * process last built or checked the index (a failover), so the caller rebuilds it.
+   */
+  async isBuilt(shard: number): Promise<boolean> {
+    const exists = (await this.redis.exists(this.markerKey(shard))) === 1;
+    // Read after the command: a MOVED or a reconnection on the way has updated the view.
+    const now = this.serverOf(shard);
+    const seen = this.builtOn.get(shard);
+    if (!exists) return false;
+    if (seen === undefined) { this.builtOn.set(shard, now); return true; }
+    return seen === now;
+  }
 
   /** Replaces the shard's index with `entries` (read from PostgreSQL) and marks it built. */
   async rebuild(shard: number, entries: ReadonlyArray<{ id: number; dueMs: number }>): Promise<void> {
-    await this.redis.del(this.n.dueKey(shard));
+    // The server before the first write: should it change while rebuilding, the next check
+    // sees a different one and rebuilds again on the new server.
+    const on = this.serverOf(shard);
+    this.builtOn.delete(shard);
+    await this.redis.del(this.dueKey(shard));
     await this.add(shard, entries);
     await this.redis.set(this.markerKey(shard), String(Date.now()));
+    this.builtOn.set(shard, on);
   }
 
   /** Removes every key of the namespace (tests, `ax` namespace teardown). */
   async dropNamespace(): Promise<number> {
-    let cursor = "0"; let removed = 0;
-    do {
-      const [next, keys] = await this.redis.scan(cursor, "MATCH", `${this.n.redisPrefix}*`, "COUNT", 1000);
-      cursor = next;
-      if (keys.length) removed += await this.redis.del(...keys);
-    } while (cursor !== "0");
+    // A cluster has its keys spread over the masters: scan each; keys of different slots
+    // cannot share one DEL there, so they go one by one.
+    const servers: Redis[] = this.target.mode === "cluster" ? (this.redis as Cluster).nodes("master") : [this.redis as Redis];
+    let removed = 0;
+    for (const r of servers) {
+      let cursor = "0";
+      do {
+        const [next, keys] = await r.scan(cursor, "MATCH", `${this.n.redisPrefix}*`, "COUNT", 1000);
+        cursor = next;
+        if (keys.length) removed += (await Promise.all(keys.map((k) => r.del(k)))).reduce((a, b) => a + b, 0);
+      } while (cursor !== "0");
+    }
     return removed;
   }
-  async close(): Promise<void> { this.redis.disconnect(); }
+  async close(): Promise<void> { this.closed = true; this.redis.disconnect(); }
 }

@@ -75,7 +75,7 @@ describe("single node end to end", () => {
     const dueAt = Date.now() + 4000;
     await client.call("task.create", { name: "stale-copy", executor: "work", at: new Date(dueAt).toISOString() });
     const t = await client.call<{ id: number; shard: number }>("task.show", { task: "stale-copy" });
-    const due = new DueIndex(tc.config.redisUrl, tc.ns);
+    const due = new DueIndex(tc.config.redis, tc.ns);
     try { await due.add(t.shard, [{ id: t.id, dueMs: dueAt - 2500 }]); } finally { await due.close(); }
     await waitFor(() => startsOf("stale-copy").length === 1, 10_000, "stale-copy to run");
     await sleep(500);
@@ -95,7 +95,7 @@ describe("single node end to end", () => {
     await waitFor(async () => (await client.call<{ state: string }>("task.show", { task: "leftover" })).state === "success", 5000, "leftover to succeed");
     const t = await client.call<{ id: number; shard: number; nextDueAt: string | null }>("task.show", { task: "leftover" });
     expect(t.nextDueAt).toBeNull();
-    const due = new DueIndex(tc.config.redisUrl, tc.ns);
+    const due = new DueIndex(tc.config.redis, tc.ns);
     const key = names(tc.ns).dueKey(t.shard);
     try {
       await due.add(t.shard, [{ id: t.id, dueMs: dueAt }]);

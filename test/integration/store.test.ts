@@ -5,7 +5,7 @@ import { testNamespace, testConfig } from "../helpers.ts";
 const ns = testNamespace("store");
 const cfg = testConfig(ns);
 const store = new Store({ pgUrl: cfg.pgUrl, schema: ns });
-const due = new DueIndex(cfg.redisUrl, ns);
+const due = new DueIndex(cfg.redis, ns);
 
 function newTask(name: string, over: Partial<NewTask> = {}): NewTask {
   return {
