@@ -83,7 +83,7 @@ try {
   const cfg = loadConfig(env);
   const store = new Store({ pgUrl: cfg.pgUrl, schema: ns, poolSize: 1 });
   await store.dropNamespace().finally(() => store.close());
-  const due = new DueIndex(cfg.redisUrl, ns);
+  const due = new DueIndex(cfg.redis, ns);
   await due.dropNamespace().finally(() => due.close());
   const nc = await connect({ servers: cfg.natsUrl });
   try { await dropStreams(await jetstreamManager(nc), names(ns)); } finally { await nc.close(); }
