@@ -1,7 +1,7 @@
 import { InvalidInputError, formatDuration } from "../../common/index.ts";
-import { cachedCron, cronIncludes, cronNext, type CachedCron } from "./cron.ts";
+import { cachedCron, cronNext, slotNote, type CachedCron } from "./cron.ts";
 import type { CompiledTrigger, TriggerSpec } from "./types.ts";
-import { formatInZone, isSecondOccurrence, isoUtc } from "./zone.ts";
+import { formatInZone, isoUtc } from "./zone.ts";
 
 /** Longest duration a trigger may use: keeps every slot a valid Date and the arithmetic exact. */
 export const MAX_TRIGGER_DURATION_MS = 100 * 365 * 86_400_000;
@@ -37,6 +37,28 @@ function mismatch(expected: number | null, slotMs: number, afterText: string): s
     : `; note: the next slot after ${afterText} is actually ${isoUtc(expected)}`;
 }
 
+/** Wall time written as naive ms, as "2026-03-08T02:30:00". */
+const wallText = (wall: number): string => new Date(wall).toISOString().slice(0, 19);
+
+/** A remark on a slot that a DST rule placed ("" for an ordinary slot). */
+export function dstRemark(c: CachedCron, slotMs: number): string {
+  const n = slotNote(c, slotMs);
+  switch (n.kind) {
+    case "plain": return "";
+    case "gap-shift":
+      return `; the wall time ${wallText(n.wall)} did not exist that day (DST gap), so it fired as far after the gap as the clock jumped (dst-gap shift)`;
+    case "gap-transition":
+      return `; the wall time ${wallText(n.wall)} did not exist that day (DST gap), so it fired at the first instant after the gap (dst-gap transition)`;
+    case "repeat": {
+      // The first copy under "both" fires like any other slot; nothing to explain.
+      if (n.copy === 1 && n.fired === "both") return "";
+      const which = n.copy === 1 ? "first" : n.copy === 2 ? "second" : `copy ${n.copy}`;
+      const rule = n.fired === "both" ? "every occurrence fires (dst-repeat both)" : `only the ${n.fired} fires (dst-repeat ${n.fired})`;
+      return `; this is the ${which} occurrence of a wall time repeated when DST ended; ${rule}`;
+    }
+  }
+}
+
 class CronTrigger implements CompiledTrigger {
   readonly spec: Readonly<Extract<TriggerSpec, { kind: "cron" }>>;
   // Held directly, so next() costs no cache lookup.
@@ -58,12 +80,8 @@ class CronTrigger implements CompiledTrigger {
     const { tz } = this.spec;
     const afterText = formatInZone(afterMs, tz);
     let s = `next time matching cron "${this.spec.expr}" in ${tz} after ${afterText}: ${formatInZone(slotMs, tz)} (${isoUtc(slotMs)})`;
-    // The two DST cases are exactly the ones that make people ask "why then?".
-    if (!cronIncludes(this.#cron, slotMs)) {
-      s += "; the wall time the expression names did not exist that day (DST gap), so it fired at the first instant after the gap";
-    } else if (isSecondOccurrence(slotMs, tz)) {
-      s += "; this is the second occurrence of a wall time repeated when DST ended";
-    }
+    // The DST cases are exactly the ones that make people ask "why then?".
+    s += dstRemark(this.#cron, slotMs);
     return s + mismatch(this.next(afterMs), slotMs, afterText);
   }
 }

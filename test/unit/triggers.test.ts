@@ -182,7 +182,7 @@ describe("next() for each kind", () => {
 
 /* ------------------------------------------------------------------------------------------ */
 
-describe("DST behaviour (cron-parser 5, America/New_York)", () => {
+describe("DST behaviour (docs/TRIGGERS.md, America/New_York)", () => {
   const NY = "America/New_York";
 
   it("spring forward 2026-03-08: 30 2 * * * fires once, at 03:30 EDT (07:30Z)", () => {
@@ -229,12 +229,12 @@ describe("DST behaviour (cron-parser 5, America/New_York)", () => {
     ]);
   });
 
-  it("fall back: the cadence chain from the scheduled slot never reaches the second 01:30", () => {
+  it("fall back: the second 01:30 is not a slot, however next() is asked", () => {
     const t = cron("30 1 * * *", NY);
     expect(iso(t.next(T("2026-11-01T05:30:00Z")))).toBe("2026-11-02T06:30:00.000Z");
-    // Asked from a non-slot instant inside the repeated hour, cron-parser does return the
-    // second 01:30; planAfter never asks that way (see the planAfter DST test).
-    expect(iso(t.next(T("2026-11-01T06:10:00Z")))).toBe("2026-11-01T06:30:00.000Z");
+    // From inside the repeated hour too (cron-parser used to return the second 01:30 here):
+    // the slots are one fixed set, so next() does not depend on where it is asked from.
+    expect(iso(t.next(T("2026-11-01T06:10:00Z")))).toBe("2026-11-02T06:30:00.000Z");
   });
 
   it("explain() calls out the DST cases", () => {
