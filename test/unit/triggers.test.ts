@@ -131,6 +131,24 @@ describe("parseTrigger: every refusal names the field, the code and the bad toke
     if (echo !== undefined) expect(err.message).toContain(echo);
   });
 
+  it.each([
+    { cron: "0 0 * * 0,7", from: "2026-01-01T00:00:00Z", want: ["2026-01-04T00:00:00.000Z", "2026-01-11T00:00:00.000Z"] },
+    { cron: "*/15,30 * * * *", from: "2026-01-01T00:00:00Z", want: ["2026-01-01T00:15:00.000Z", "2026-01-01T00:30:00.000Z", "2026-01-01T00:45:00.000Z", "2026-01-01T01:00:00.000Z"] },
+    { cron: "0 8-18,12 * * *", from: "2026-01-01T17:30:00Z", want: ["2026-01-01T18:00:00.000Z", "2026-01-02T08:00:00.000Z"] },
+    { cron: "0 0 1,1-3,2 * *", from: "2026-01-01T00:00:00Z", want: ["2026-01-02T00:00:00.000Z", "2026-01-03T00:00:00.000Z", "2026-02-01T00:00:00.000Z"] },
+    { cron: "0 0 0 * * sun,0,7,SUN", from: "2026-01-01T00:00:00Z", want: ["2026-01-04T00:00:00.000Z", "2026-01-11T00:00:00.000Z"] },
+  ])("overlapping list items are merged: $cron", ({ cron: expr, from, want }) => {
+    const spec = parseTrigger({ cron: expr }, NOW);
+    expect(spec).toEqual({ kind: "cron", expr, tz: "UTC" });
+    expect(preview(compileTrigger(spec), T(from), want.length).map(iso)).toEqual(want);
+  });
+
+  it("a refusal next to an overlapping item still names the field and the token", () => {
+    const err = caught(() => parseTrigger({ cron: "0 0 * * 0,7,8" }, NOW));
+    expect([err.field, err.code]).toEqual(["cron", "AX_E_CRON_FIELD"]);
+    expect(err.message).toContain(`day-of-week field "0,7,8": 8 is out of range 0-7`);
+  });
+
   it("a leap day is accepted in a leap year", () => {
     expect(parseTrigger({ at: "2028-02-29T00:00:00Z" }, NOW)).toEqual({ kind: "once", atMs: T("2028-02-29T00:00:00Z") });
     expect(parseTrigger({ cron: "0 0 29 2 *" }, NOW).kind).toBe("cron");
