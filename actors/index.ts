@@ -1,5 +1,5 @@
 export { ShardActor, type ShardActorDeps, type ShardCommand, type CommandReply, type ShardEvents } from "./shard/shardActor.ts";
-export { nextPointer, backoffMs, compiledOf, type Pointer } from "./shard/schedule.ts";
+export { nextPointer, backoffMs, compiledOf, TriggerStuckError, isTriggerStuck, type Pointer } from "./shard/schedule.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
 export { Persister } from "./persister.ts";
 export { InFlightLimiter } from "./limiter.ts";
