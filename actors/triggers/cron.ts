@@ -1,4 +1,5 @@
 import { AxError, InvalidInputError } from "../../common/index.ts";
+import type { DstGap, DstRepeat } from "./types.ts";
 import { MAX_OFFSET_MS, canonicalTimeZone, instantsOfWall, offsetMsAt, pieceAt, yearStart, type Piece } from "./zone.ts";
 
 /**
@@ -337,10 +338,10 @@ export class WallMatcher {
 /* ------------------------------------------------------------------------------------------ */
 /*  DST policy and the zone arithmetic.                                                         */
 
-/** A matching wall time that does not exist (spring forward). */
-export type DstGap = "shift" | "skip" | "transition";
-/** A matching wall time that exists more than once (fall back). */
-export type DstRepeat = "first" | "second" | "both";
+export type { DstGap, DstRepeat };
+export const DST_GAPS: readonly DstGap[] = ["shift", "skip", "transition"];
+export const DST_REPEATS: readonly DstRepeat[] = ["first", "second", "both"];
+
 
 export interface CachedCron {
   readonly expr: string;
@@ -564,6 +565,35 @@ export function slotNote(c: CachedCron, slotMs: number): SlotNote {
     q = pieceAt(c.tz, q.start - 1);
   }
   return { kind: "plain", wall };
+}
+
+/**
+ * Matching wall times that no slot stands for in (fromMs, toMs]: those in a gap under
+ * `dst-gap skip`, and the copies of a repeated wall time the repeat rule does not fire.
+ * `at` is the instant the wall time fell in (the jump for a gap). At most `max` of them.
+ */
+export function cronUnfired(c: CachedCron, fromMs: number, toMs: number, max = 20): Array<{ wall: number; at: number; why: "gap" | "repeat" }> {
+  const out: Array<{ wall: number; at: number; why: "gap" | "repeat" }> = [];
+  for (let x = fromMs + 1; x <= toMs && out.length < max;) {
+    const p = pieceAt(c.tz, x);
+    if (c.gap === "skip" && p.start > fromMs && p.start <= toMs) {
+      const g = gapBefore(c, p);
+      for (const [a, b] of g?.ivs ?? []) {
+        for (let w = c.matcher.next(a); w !== null && w < b && out.length < max; w = c.matcher.next(w + SEC)) out.push({ wall: w, at: p.start, why: "gap" });
+      }
+    }
+    if (c.repeat !== "both") {
+      const lo = Math.max(p.start, fromMs + SEC); const hi = Math.min(p.end, toMs + SEC);
+      if (lo < hi) {
+        const fired = ownWalls(c, p, lo, hi);
+        for (const [a, b] of minus([[lo + p.offset, hi + p.offset]], fired)) {
+          for (let w = c.matcher.next(a); w !== null && w < b && out.length < max; w = c.matcher.next(w + SEC)) out.push({ wall: w, at: w - p.offset, why: "repeat" });
+        }
+      }
+    }
+    x = p.end;
+  }
+  return out.sort((a, b) => a.at - b.at);
 }
 
 /**

@@ -48,7 +48,9 @@ function cronWindow(t: CompiledTrigger, first: number, cutoff: number, keep: num
     const next = t.next(s);
     if (missed === CRON_MISSED_COUNT_LIMIT && next !== null && next < cutoff) {
       // Jump: the latest slots before the cutoff, found backwards with prev().
-      const tail = t.spec.kind === "cron" ? cronLatestBefore(cachedCron(t.spec.expr, t.spec.tz), cutoff, s, Math.max(keep, 1)) : [];
+      const sp = t.spec;
+      const dst = sp.kind === "cron" ? { ...(sp.dstGap ? { gap: sp.dstGap } : {}), ...(sp.dstRepeat ? { repeat: sp.dstRepeat } : {}) } : {};
+      const tail = sp.kind === "cron" ? cronLatestBefore(cachedCron(sp.expr, sp.tz, dst), cutoff, s, Math.max(keep, 1)) : [];
       if (tail.length > 0) {
         for (const slot of tail) keepLatest(kept, slot, keep);
         return { missed, kept, latest: tail[tail.length - 1]! };
