@@ -7,4 +7,4 @@ export { Store, DueIndex, findCycle } from "./store/index.ts";
 export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, ShardWrite } from "./store/index.ts";
 export { applyEvent, initialRecord, type TaskRecord, type TaskState } from "./machine/index.ts";
 export { HashedWheel } from "./wheel/index.ts";
-export { parseTrigger, compileTrigger, preview, planAfter, type TriggerSpec, type CompiledTrigger } from "./triggers/index.ts";
+export { parseTrigger, compileTrigger, preview, previewMarks, planAfter, type TriggerSpec, type CompiledTrigger, type PreviewMark } from "./triggers/index.ts";
