@@ -119,8 +119,8 @@ function parseField(expr: string, f: FieldSpec, text: string): ParsedField {
       if (lo > hi) bad(`range "${base}" runs backwards (wrap-around ranges are not supported)`);
     } else {
       lo = value(base, item);
-      // "a/s" means a, a+s, ... up to the end of the field, as in Vixie cron (and cron-parser,
-      // which runs day-of-week "a/s" up to 7 = Sunday).
+      // "a/s" means a, a+s, ... up to the end of the field, as in Vixie cron (day-of-week "a/s"
+      // runs up to 7 = Sunday).
       hi = stepText === undefined ? lo : f.max;
     }
     let step = 1;

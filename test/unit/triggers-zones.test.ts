@@ -7,7 +7,8 @@ import { genCron, refOffset, refSlots, rng, type Gap, type GenCron, type Repeat 
 /**
  * Cron slots in every zone of the tz database that has transitions, against the brute-force
  * reference of docs/TRIGGERS.md in cron-reference.ts. Fixed seeds; AX_SWEEP=1 runs every
- * transition of every zone from 1970 to 2037 instead of a sample (minutes, not seconds).
+ * transition of every zone from 1973 to 2037 instead of a sample (about 20,000 cases: an hour
+ * or more of CPU), AX_SWEEP_ZONES=<regex> restricts the zones.
  */
 
 const SWEEP = process.env.AX_SWEEP === "1";
@@ -17,7 +18,9 @@ const HOUR = 3_600_000;
 const FROM_1973 = Date.UTC(1973, 0, 1); // Monrovia's -0:44:30 ended 1972; the reference assumes whole-minute offsets
 const TO_2038 = Date.UTC(2038, 0, 1);
 
-const ZONES = Intl.supportedValuesOf("timeZone");
+/** AX_SWEEP_ZONES=<regex> narrows the zones (for a sweep of a few zones). */
+const ZONE_FILTER = process.env.AX_SWEEP_ZONES ? new RegExp(process.env.AX_SWEEP_ZONES) : null;
+const ZONES = Intl.supportedValuesOf("timeZone").filter((z) => ZONE_FILTER === null || ZONE_FILTER.test(z));
 type Tr = { at: number; before: number; after: number };
 
 /**
@@ -212,11 +215,11 @@ describe(`every zone with transitions (${ZONES_WITH_TRANSITIONS.length} of ${ZON
     const odd = ["Pacific/Chatham", "Australia/Lord_Howe", "America/Santiago", "America/Havana", "Asia/Tehran", "Pacific/Apia",
       "America/St_Johns", "Africa/Casablanca", "Asia/Gaza", "Europe/Dublin", "Antarctica/Troll", "Pacific/Kiritimati"];
     let n = 0;
-    odd.forEach((tz, zi) => {
+    odd.filter((z) => ZONES.includes(z)).forEach((tz, zi) => {
       if (!ZONES_WITH_TRANSITIONS.includes(tz)) return;
       for (const cs of casesFor(tz, 9000 + zi, SWEEP ? 200 : 6, false)) { check(cs); n++; }
     });
-    expect(n).toBeGreaterThan(50);
+    expect(n).toBeGreaterThan(ZONE_FILTER ? 0 : 50);
   }, SWEEP ? 3_600_000 : 120_000);
 
   it("random instants away from transitions agree too (a transition the table missed would show here)", () => {
