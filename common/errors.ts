@@ -10,6 +10,8 @@ export type AxErrorCode =
   | "AX_E_TIMEZONE"
   | "AX_E_DURATION"
   | "AX_E_TRIGGER"
+  /** A task's trigger did not advance (next(t) <= t) or its schedule could not be computed. */
+  | "AX_E_TRIGGER_STUCK"
   | "AX_E_NOT_FOUND"
   | "AX_E_CONFLICT"
   | "AX_E_CYCLE"

@@ -5,7 +5,7 @@ import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type 
 import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
 import type { TaskRecord } from "../actors/machine/index.ts";
-import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
+import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { z } from "zod";
@@ -39,7 +39,8 @@ function intIn(field: string, v: unknown, min: number, max: number): number {
 }
 
 export const CreateTaskInput = z.object({
-  name: z.unknown(), executor: z.unknown(), cron: z.string().optional(), tz: z.string().optional(), every: z.union([z.string(), z.number()]).optional(),
+  name: z.unknown(), executor: z.unknown(), cron: z.string().optional(), tz: z.string().optional(),
+  dstGap: z.string().optional(), dstRepeat: z.string().optional(), every: z.union([z.string(), z.number()]).optional(),
   fixedDelay: z.union([z.string(), z.number()]).optional(), at: z.string().optional(), delay: z.union([z.string(), z.number()]).optional(),
   after: z.array(z.string()).optional(), timeout: z.union([z.string(), z.number()]).optional(), retries: z.union([z.string(), z.number()]).optional(),
   backoff: z.union([z.string(), z.number()]).optional(), backoffMax: z.union([z.string(), z.number()]).optional(), misfire: z.string().optional(), overlap: z.string().optional(),
@@ -69,12 +70,16 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number): Parsed
     const input: TriggerInput = {};
     if (opt(a.cron)) input.cron = a.cron;
     if (opt(a.tz)) input.tz = a.tz;
+    if (opt(a.dstGap)) input.dstGap = a.dstGap;
+    if (opt(a.dstRepeat)) input.dstRepeat = a.dstRepeat;
     if (opt(a.every)) input.every = a.every;
     if (opt(a.fixedDelay)) input.fixedDelay = a.fixedDelay;
     if (opt(a.at)) input.at = a.at;
     if (opt(a.delay)) input.delay = a.delay;
     spec = parseTrigger(input, now);
-  } else if (opt(a.tz)) throw new InvalidInputError("tz", a.tz, "only with --cron");
+  } else {
+    for (const f of ["tz", "dstGap", "dstRepeat"] as const) if (opt(a[f])) throw new InvalidInputError(f, a[f], "only with --cron");
+  }
   const timeoutMs = opt(a.timeout) ? durationOf("timeout", a.timeout) : 30_000;
   const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
   const backoffMs = opt(a.backoff) ? durationOf("backoff", a.backoff, true) : 1000;
@@ -118,7 +123,7 @@ function freshRecord(maxAttempts: number, overlap: "forbid" | "allow"): TaskReco
   return r;
 }
 
-const STRING_FIELDS = new Set(["cron", "tz", "at", "misfire", "overlap"]);
+const STRING_FIELDS = new Set(["cron", "tz", "dstGap", "dstRepeat", "at", "misfire", "overlap"]);
 const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax"]);
 
 /** True when `raw` passes CreateTaskInput as is (optional = absent or undefined; passthrough keeps the rest). */
@@ -276,12 +281,17 @@ export class Api {
     const t = await this.task(a);
     const count = a.count !== undefined ? intIn("count", a.count, 1, 1000) : 10;
     const now = this.d.clock.now();
-    const out: Array<{ trigger: string; tz: string; times: string[] }> = [];
+    const out: Array<{ trigger: string; tz: string; times: string[]; marks: Array<{ at: string | null; utc: string | null; note: string }> }> = [];
     for (const tr of t.triggers) {
       const c = compileTrigger(tr.spec as TriggerSpec);
       const tz = (tr.spec as { tz?: string }).tz ?? "UTC";
       const from = tr.kind === "fixed_rate" ? Math.max(now, t.triggerSlots[String(tr.id)] ?? 0) : now;
-      out.push({ trigger: c.describe(), tz, times: preview(c, from, count).map((ms: number) => fmtInZone(ms, tz)) });
+      // marks: every slot (zone and UTC) plus the wall times a DST rule left out, each with
+      // what the rule did ("" for an ordinary slot); times: the slots alone, as before.
+      const marks = previewMarks(c, from, count).map((m) => ({
+        at: m.slotMs === null ? null : fmtInZone(m.slotMs, tz), utc: m.slotMs === null ? null : new Date(m.slotMs).toISOString(), note: m.note,
+      }));
+      out.push({ trigger: c.describe(), tz, times: marks.filter((m) => m.at !== null).map((m) => m.at!), marks });
     }
     return { task: t.name, nextDue: t.nextDueMs ? new Date(t.nextDueMs).toISOString() : null, triggers: out };
   }

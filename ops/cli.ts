@@ -117,6 +117,8 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   task.command("create <name>").description("register a task and its trigger")
     .requiredOption("--executor <e>", "executor that runs it")
     .option("--cron <expr>", "cron: 5 fields (min hour dom mon dow) or 6 (seconds first)").option("--tz <zone>", "IANA time zone for --cron", "UTC")
+    .addOption(new Option("--dst-gap <rule>", "--cron wall time the clock skips: fire it moved by the jump, not at all, or at the jump (default shift)").choices(["shift", "skip", "transition"]))
+    .addOption(new Option("--dst-repeat <rule>", "--cron wall time that happens twice: first, second or both copies (default both if every hour, else first)").choices(["first", "second", "both"]))
     .option("--every <dur>", "fixed rate, e.g. 10s (slots from creation, never drifting)").option("--fixed-delay <dur>", "wait DUR after each run finishes")
     .option("--at <iso>", "once, at an ISO-8601 time with offset").option("--delay <dur>", "once, after DUR")
     .option("--after <task>", "run after TASK succeeds (repeat for fan-in)", collect, [] as string[])
@@ -130,7 +132,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       const payload = parseJsonFlag("payload", o.payload as string | undefined);
       const tzGiven = process.argv.includes("--tz");
       const args: Record<string, unknown> = { name, executor: o.executor, timeout: o.timeout, retries: o.retries, backoff: o.backoff, misfire: o.misfire, overlap: o.overlap, after: o.after };
-      for (const k of ["cron", "every", "fixedDelay", "at", "delay"]) if (o[k] !== undefined) args[k] = o[k];
+      for (const k of ["cron", "every", "fixedDelay", "at", "delay", "dstGap", "dstRepeat"]) if (o[k] !== undefined) args[k] = o[k];
       if (o.cron !== undefined || tzGiven) args.tz = o.tz;
       if (payload !== undefined) args.payload = payload;
       const t = await withClient((c) => c.call<{ id: number; name: string; nextDueAt: string | null; triggers: Array<{ description: string }> }>("task.create", args));
@@ -154,8 +156,11 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   });
   task.command("preview <task>").description("the next due times, in the trigger's time zone").option("--count <n>", "how many", "10").option("--json")
     .action(async (ref: string, o: { count: string; json?: boolean }) => {
-      const p = await withClient((c) => c.call<{ task: string; triggers: Array<{ trigger: string; times: string[] }> }>("task.preview", { task: ref, count: o.count }));
-      print(o.json, p, () => p.triggers.map((t) => `${t.trigger}:\n${t.times.map((x) => "  " + x).join("\n")}`).join("\n") || "(no triggers: runs after its upstreams)");
+      type Mark = { at: string | null; utc: string | null; note: string };
+      const p = await withClient((c) => c.call<{ task: string; triggers: Array<{ trigger: string; times: string[]; marks?: Mark[] }> }>("task.preview", { task: ref, count: o.count }));
+      // A slot a DST rule moved or chose, and a wall time it left out, say so on their line.
+      const line = (m: Mark): string => m.at === null ? `  —  ${m.note}` : `  ${m.at}  ${m.utc}${m.note ? `  ← ${m.note}` : ""}`;
+      print(o.json, p, () => p.triggers.map((t) => `${t.trigger}:\n${(t.marks ?? t.times.map((at) => ({ at, utc: "", note: "" }))).map(line).join("\n")}`).join("\n") || "(no triggers: runs after its upstreams)");
     });
   for (const [cmd, op, verb] of [["pause", "task.pause", "paused"], ["resume", "task.resume", "resumed"], ["rm", "task.rm", "removed"]] as const) {
     task.command(`${cmd} <task>`).description(cmd === "resume" ? "resume (missed slots follow the misfire policy)" : `${cmd} a task`).option("--json").action(async (ref: string, o: { json?: boolean }) => {

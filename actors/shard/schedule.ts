@@ -1,3 +1,4 @@
+import { AxError } from "../../common/index.ts";
 import { compileTrigger, planAfter, type CompiledTrigger, type TriggerSpec } from "../triggers/index.ts";
 import type { RunSource, TaskRow, TriggerRow } from "../store/index.ts";
 
@@ -36,48 +37,122 @@ export function sourceOfKind(kind: TriggerRow["kind"]): RunSource {
 const iso = (ms: number) => new Date(ms).toISOString();
 
 /**
+ * A task whose schedule cannot be computed: one of its triggers returned a slot that is not
+ * strictly after the instant it was asked about, returned something that is not a time, or
+ * threw (its cause is kept). nextPointer throws it instead of looping; the shard marks that
+ * task and goes on with the others.
+ */
+export class TriggerStuckError extends AxError {
+  override name = "TriggerStuckError";
+  readonly taskId: number | null;
+  readonly triggerId: number;
+  readonly spec: unknown;
+  /** The instant the trigger was asked about, and what it answered (undefined: it threw). */
+  readonly afterMs: number | null;
+  readonly returned: unknown;
+  constructor(info: { taskId: number | null; triggerId: number; spec: unknown; afterMs: number | null; returned?: unknown; cause?: unknown }) {
+    const what = info.cause !== undefined
+      ? `failed: ${info.cause instanceof Error ? info.cause.message : String(info.cause)}`
+      : `did not advance: next(${info.afterMs === null ? "?" : iso(info.afterMs)}) returned ${typeof info.returned === "number" && Number.isFinite(info.returned) ? iso(info.returned) : String(info.returned)}`;
+    super("AX_E_TRIGGER_STUCK", `task ${info.taskId ?? "?"}: trigger ${info.triggerId} ${JSON.stringify(info.spec)} ${what}`,
+      { field: "trigger", value: { taskId: info.taskId, triggerId: info.triggerId, spec: info.spec, afterMs: info.afterMs }, ...(info.cause !== undefined ? { cause: info.cause } : {}) });
+    this.taskId = info.taskId; this.triggerId = info.triggerId; this.spec = info.spec;
+    this.afterMs = info.afterMs; this.returned = info.returned;
+  }
+}
+
+export function isTriggerStuck(e: unknown): e is TriggerStuckError {
+  return e instanceof TriggerStuckError;
+}
+
+/** A trigger whose next() must move forward: anything else is a TriggerStuckError. */
+function advancing(t: CompiledTrigger, taskId: number | null, tr: TriggerRow): CompiledTrigger {
+  const stuck = (afterMs: number, returned: unknown): TriggerStuckError =>
+    new TriggerStuckError({ taskId, triggerId: tr.id, spec: tr.spec, afterMs, returned });
+  return {
+    spec: t.spec,
+    describe: () => t.describe(),
+    explain: (a, s) => t.explain(a, s),
+    next(afterMs: number): number | null {
+      const n: unknown = t.next(afterMs);
+      if (n === null) return null;
+      if (typeof n !== "number" || !Number.isFinite(n) || !(n > afterMs)) throw stuck(afterMs, n);
+      return n;
+    },
+  };
+}
+
+/**
+ * Most slots the misfire=once catch-up steps over to reach now. Those are the slots inside the
+ * grace (1 s by default): two for a cron, up to a thousand for a 1 ms fixed rate.
+ */
+const MAX_STEPS_TO_NOW = 100_000;
+
+/**
  * The next pointer of a task that is not running. `completedMs` is the end of the run that
  * just finished (fixed-delay triggers count from it); without it a fixed-delay trigger that
  * has fired before waits (its next time is set when its run completes).
+ *
+ * Never loops: every walk is bounded, and a trigger that does not advance or throws (including
+ * a spec that no longer compiles) makes it throw TriggerStuckError naming the task and the
+ * trigger. `compile` replaces compiledOf (tests inject broken triggers with it).
  */
-export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs">, nowMs: number,
-  opts: { completedMs?: number; graceMs?: number } = {}): Pointer | null {
+export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs"> & { id?: number }, nowMs: number,
+  opts: { completedMs?: number; graceMs?: number; compile?: (tr: TriggerRow) => CompiledTrigger } = {}): Pointer | null {
   let best: Pointer | null = null;
+  const taskId = task.id ?? null;
   for (const tr of task.triggers) {
     if (!tr.enabled) continue;
-    const t = compiledOf(tr);
-    const last = task.triggerSlots[String(tr.id)] ?? null;
-    let p: Pointer | null = null;
-    if (tr.kind === "fixed_delay") {
-      const delayMs = (tr.spec as { delayMs: number }).delayMs;
-      if (opts.completedMs !== undefined) {
-        p = { dueMs: opts.completedMs + delayMs, slotMs: opts.completedMs + delayMs, triggerId: tr.id, source: "delay", causedBy: null,
-          reason: `${t.describe()}: previous run finished at ${iso(opts.completedMs)}, + ${delayMs}ms` };
-      } else if (last === null) {
-        const at = task.createdMs + delayMs;
-        p = { dueMs: at, slotMs: at, triggerId: tr.id, source: "delay", causedBy: null, reason: `${t.describe()}: first run ${delayMs}ms after the task was created` };
-      }
-    } else {
-      const plan = planAfter(t, last, nowMs, task.misfire, { createdAtMs: task.createdMs, ...(opts.graceMs !== undefined ? { graceMs: opts.graceMs } : {}) });
-      const first = plan.fire[0];
-      if (first) {
-        // One catch-up stands for every slot up to now (within the grace too), so the cadence
-        // resumes strictly after now instead of firing the slots just inside the grace again.
-        let slot = first.slotMs;
-        if (task.misfire === "once") for (let n = t.next(slot); n !== null && n <= nowMs; n = t.next(slot)) slot = n;
-        p = { dueMs: nowMs, slotMs: slot, triggerId: tr.id, source: "misfire", causedBy: null,
-          reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(slot)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
-      } else if (plan.nextSlotMs !== null) {
-        const from = last ?? task.createdMs;
-        p = { dueMs: plan.nextSlotMs, slotMs: plan.nextSlotMs, triggerId: tr.id, source: sourceOfKind(tr.kind), causedBy: null,
-          reason: last === null ? `first slot of ${t.describe()}`
-            : plan.missed > 0 ? `next slot of ${t.describe()} at ${iso(plan.nextSlotMs)}; ${plan.missed} missed slot(s) before it not run (misfire=${task.misfire})`
-            : t.explain(from, plan.nextSlotMs) };
-      }
+    let p: Pointer | null;
+    try {
+      p = triggerPointer(task, tr, advancing((opts.compile ?? compiledOf)(tr), taskId, tr), nowMs, opts);
+    } catch (e) {
+      if (e instanceof TriggerStuckError) throw e;
+      throw new TriggerStuckError({ taskId, triggerId: tr.id, spec: tr.spec, afterMs: null, cause: e });
     }
     if (p && (!best || p.dueMs < best.dueMs)) best = p;
   }
   return best;
+}
+
+function triggerPointer(task: Pick<TaskRow, "triggerSlots" | "misfire" | "createdMs">, tr: TriggerRow, t: CompiledTrigger, nowMs: number,
+  opts: { completedMs?: number; graceMs?: number }): Pointer | null {
+  const last = task.triggerSlots[String(tr.id)] ?? null;
+  let p: Pointer | null = null;
+  if (tr.kind === "fixed_delay") {
+    const delayMs = (tr.spec as { delayMs: number }).delayMs;
+    if (opts.completedMs !== undefined) {
+      p = { dueMs: opts.completedMs + delayMs, slotMs: opts.completedMs + delayMs, triggerId: tr.id, source: "delay", causedBy: null,
+        reason: `${t.describe()}: previous run finished at ${iso(opts.completedMs)}, + ${delayMs}ms` };
+    } else if (last === null) {
+      const at = task.createdMs + delayMs;
+      p = { dueMs: at, slotMs: at, triggerId: tr.id, source: "delay", causedBy: null, reason: `${t.describe()}: first run ${delayMs}ms after the task was created` };
+    }
+  } else {
+    const plan = planAfter(t, last, nowMs, task.misfire, { createdAtMs: task.createdMs, ...(opts.graceMs !== undefined ? { graceMs: opts.graceMs } : {}) });
+    const first = plan.fire[0];
+    if (first) {
+      // One catch-up stands for every slot up to now (within the grace too), so the cadence
+      // resumes strictly after now instead of firing the slots just inside the grace again.
+      let slot = first.slotMs;
+      if (task.misfire === "once") {
+        let steps = 0;
+        for (let n = t.next(slot); n !== null && n <= nowMs; n = t.next(slot)) {
+          if (++steps > MAX_STEPS_TO_NOW) throw new Error(`more than ${MAX_STEPS_TO_NOW} slots between ${iso(first.slotMs)} and now (${iso(nowMs)})`);
+          slot = n;
+        }
+      }
+      p = { dueMs: nowMs, slotMs: slot, triggerId: tr.id, source: "misfire", causedBy: null,
+        reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(slot)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
+    } else if (plan.nextSlotMs !== null) {
+      const from = last ?? task.createdMs;
+      p = { dueMs: plan.nextSlotMs, slotMs: plan.nextSlotMs, triggerId: tr.id, source: sourceOfKind(tr.kind), causedBy: null,
+        reason: last === null ? `first slot of ${t.describe()}`
+          : plan.missed > 0 ? `next slot of ${t.describe()} at ${iso(plan.nextSlotMs)}; ${plan.missed} missed slot(s) before it not run (misfire=${task.misfire})`
+          : t.explain(from, plan.nextSlotMs) };
+    }
+  }
+  return p;
 }
 
 /** Exponential backoff from `baseMs`, capped, with equal jitter (half fixed, half random). */

@@ -1,7 +1,7 @@
 import { InvalidInputError, formatDuration } from "../../common/index.ts";
-import { cachedCron, cronIncludes, cronNext, type CachedCron } from "./cron.ts";
+import { DST_GAPS, DST_REPEATS, cachedCron, cronNext, cronUnfired, slotNote, type CachedCron, type DstGap, type DstRepeat } from "./cron.ts";
 import type { CompiledTrigger, TriggerSpec } from "./types.ts";
-import { formatInZone, isSecondOccurrence, isoUtc } from "./zone.ts";
+import { formatInZone, isoUtc } from "./zone.ts";
 
 /** Longest duration a trigger may use: keeps every slot a valid Date and the arithmetic exact. */
 export const MAX_TRIGGER_DURATION_MS = 100 * 365 * 86_400_000;
@@ -37,33 +37,63 @@ function mismatch(expected: number | null, slotMs: number, afterText: string): s
     : `; note: the next slot after ${afterText} is actually ${isoUtc(expected)}`;
 }
 
+/** Wall time written as naive ms, as "2026-03-08T02:30:00". */
+const wallText = (wall: number): string => new Date(wall).toISOString().slice(0, 19);
+
+/** A remark on a slot that a DST rule placed ("" for an ordinary slot). */
+export function dstRemark(c: CachedCron, slotMs: number): string {
+  const n = slotNote(c, slotMs);
+  switch (n.kind) {
+    case "plain": return "";
+    case "gap-shift":
+      return `; the wall time ${wallText(n.wall)} did not exist that day (DST gap), so it fired as far after the gap as the clock jumped (dst-gap shift)`;
+    case "gap-transition":
+      return `; the wall time ${wallText(n.wall)} did not exist that day (DST gap), so it fired at the first instant after the gap (dst-gap transition)`;
+    case "repeat": {
+      // The first copy under "both" fires like any other slot; nothing to explain.
+      if (n.copy === 1 && n.fired === "both") return "";
+      const which = n.copy === 1 ? "first" : n.copy === 2 ? "second" : `copy ${n.copy}`;
+      const rule = n.fired === "both" ? "every occurrence fires (dst-repeat both)" : `only the ${n.fired} fires (dst-repeat ${n.fired})`;
+      return `; this is the ${which} occurrence of a wall time repeated when DST ended; ${rule}`;
+    }
+  }
+}
+
 class CronTrigger implements CompiledTrigger {
   readonly spec: Readonly<Extract<TriggerSpec, { kind: "cron" }>>;
   // Held directly, so next() costs no cache lookup.
   readonly #cron: CachedCron;
-  constructor(expr: unknown, tz: unknown) {
+  constructor(expr: unknown, tz: unknown, dstGap: unknown, dstRepeat: unknown) {
     if (typeof tz !== "string") specError("tz", tz, "must be an IANA time zone name");
+    if (dstGap !== undefined && !DST_GAPS.includes(dstGap as DstGap)) specError("dstGap", dstGap, `must be ${DST_GAPS.join(", ")}`);
+    if (dstRepeat !== undefined && !DST_REPEATS.includes(dstRepeat as DstRepeat)) specError("dstRepeat", dstRepeat, `must be ${DST_REPEATS.join(", ")}`);
+    const dst = { ...(dstGap !== undefined ? { gap: dstGap as DstGap } : {}), ...(dstRepeat !== undefined ? { repeat: dstRepeat as DstRepeat } : {}) };
     // validateCron() (inside cachedCron) also rejects a non-string expr with AX_E_CRON_FIELD.
-    this.#cron = cachedCron(expr as string, tz);
-    this.spec = Object.freeze({ kind: "cron", expr: this.#cron.expr, tz: this.#cron.tz });
+    this.#cron = cachedCron(expr as string, tz, dst);
+    this.spec = Object.freeze({
+      kind: "cron", expr: this.#cron.expr, tz: this.#cron.tz,
+      ...(dst.gap !== undefined ? { dstGap: dst.gap } : {}), ...(dst.repeat !== undefined ? { dstRepeat: dst.repeat } : {}),
+    });
+  }
+  /** The compiled expression (with its resolved DST policy), for previews. */
+  get cron(): CachedCron {
+    return this.#cron;
   }
   next(afterMs: number): number | null {
     checkAfter(afterMs);
     return cronNext(this.#cron, afterMs);
   }
   describe(): string {
-    return `cron "${this.spec.expr}" in ${this.spec.tz}`;
+    const { dstGap, dstRepeat } = this.spec;
+    const policy = [dstGap !== undefined ? `dst-gap ${dstGap}` : "", dstRepeat !== undefined ? `dst-repeat ${dstRepeat}` : ""].filter(Boolean).join(", ");
+    return `cron "${this.spec.expr}" in ${this.spec.tz}${policy ? ` (${policy})` : ""}`;
   }
   explain(afterMs: number, slotMs: number): string {
     const { tz } = this.spec;
     const afterText = formatInZone(afterMs, tz);
     let s = `next time matching cron "${this.spec.expr}" in ${tz} after ${afterText}: ${formatInZone(slotMs, tz)} (${isoUtc(slotMs)})`;
-    // The two DST cases are exactly the ones that make people ask "why then?".
-    if (!cronIncludes(this.#cron, slotMs)) {
-      s += "; the wall time the expression names did not exist that day (DST gap), so it fired at the first instant after the gap";
-    } else if (isSecondOccurrence(slotMs, tz)) {
-      s += "; this is the second occurrence of a wall time repeated when DST ended";
-    }
+    // The DST cases are exactly the ones that make people ask "why then?".
+    s += dstRemark(this.#cron, slotMs);
     return s + mismatch(this.next(afterMs), slotMs, afterText);
   }
 }
@@ -139,7 +169,7 @@ export function compileTrigger(spec: TriggerSpec): CompiledTrigger {
   const s = spec as { kind?: unknown } & Record<string, unknown>;
   if (s === null || typeof s !== "object") specError("trigger", spec, "must be a trigger spec object");
   switch (s.kind) {
-    case "cron": return new CronTrigger(s.expr, s.tz);
+    case "cron": return new CronTrigger(s.expr, s.tz, s.dstGap, s.dstRepeat);
     case "fixed_rate": return new FixedRateTrigger(s.everyMs, s.anchorMs);
     case "fixed_delay": return new FixedDelayTrigger(s.delayMs);
     case "once": return new OnceTrigger(s.atMs);
@@ -162,6 +192,39 @@ export function preview(t: CompiledTrigger, fromMs: number, count: number): numb
     if (s === null) break;
     out.push(s);
     after = s;
+  }
+  return out;
+}
+
+/** One previewed slot, or a wall time a DST rule left out (`slotMs` null). */
+export interface PreviewMark {
+  slotMs: number | null;
+  /** What a DST rule did here: "" for an ordinary slot. */
+  note: string;
+}
+
+/**
+ * preview() with the DST rules made visible: each slot a rule moved or chose among copies
+ * carries a note, and the wall times a rule left out (a gap under dst-gap skip, the unfired
+ * copies of a repeated wall time) are listed between the slots, in order.
+ */
+export function previewMarks(t: CompiledTrigger, fromMs: number, count: number): PreviewMark[] {
+  const slots = preview(t, fromMs, count);
+  if (!(t instanceof CronTrigger)) return slots.map((slotMs) => ({ slotMs, note: "" }));
+  const c = t.cron;
+  const out: PreviewMark[] = [];
+  let prev = fromMs;
+  for (const slotMs of slots) {
+    for (const u of cronUnfired(c, prev, slotMs)) {
+      out.push({
+        slotMs: null,
+        note: u.why === "gap"
+          ? `skipped: ${wallText(u.wall)} did not exist (DST gap at ${isoUtc(u.at)}; dst-gap skip)`
+          : `not fired: ${wallText(u.wall)} at ${isoUtc(u.at)}, a repeated wall time whose other copy fires (dst-repeat ${c.repeat})`,
+      });
+    }
+    out.push({ slotMs, note: dstRemark(c, slotMs).replace(/^; /, "") });
+    prev = slotMs;
   }
   return out;
 }

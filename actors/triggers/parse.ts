@@ -1,12 +1,15 @@
 import { InvalidInputError, formatDuration, parseDuration } from "../../common/index.ts";
 import { MAX_TRIGGER_DURATION_MS, compileTrigger } from "./compile.ts";
-import { validateCron } from "./cron.ts";
+import { DST_GAPS, DST_REPEATS, validateCron } from "./cron.ts";
 import type { TriggerSpec } from "./types.ts";
 import { canonicalTimeZone, isoUtc } from "./zone.ts";
 
 export interface TriggerInput {
   cron?: string;
   tz?: string;
+  /** DST policy of a cron trigger (docs/TRIGGERS.md); absent = the default. */
+  dstGap?: string;
+  dstRepeat?: string;
   every?: string | number;
   fixedDelay?: string | number;
   at?: string;
@@ -92,8 +95,10 @@ export function parseTrigger(input: TriggerInput, nowMs: number, opts: { pastTol
     throw new InvalidInputError("trigger", conflicting, `${kinds.join(" and ")} conflict: give exactly one of cron, every, fixedDelay, at, delay`, "AX_E_TRIGGER");
   }
   const kind = kinds[0]!;
-  if (given(input.tz) && kind !== "cron") {
-    throw new InvalidInputError("tz", input.tz, `tz only applies to cron triggers, not to ${kind}`, "AX_E_TRIGGER");
+  for (const f of ["tz", "dstGap", "dstRepeat"] as const) {
+    if (given(input[f]) && kind !== "cron") {
+      throw new InvalidInputError(f, input[f], `${f} only applies to cron triggers, not to ${kind}`, "AX_E_TRIGGER");
+    }
   }
 
   switch (kind) {
@@ -101,6 +106,14 @@ export function parseTrigger(input: TriggerInput, nowMs: number, opts: { pastTol
       const { expr } = validateCron(input.cron);
       const tz = given(input.tz) ? canonicalTimeZone("tz", input.tz) : "UTC";
       const spec: TriggerSpec = { kind: "cron", expr, tz };
+      if (given(input.dstGap)) {
+        if (!DST_GAPS.includes(input.dstGap as never)) throw new InvalidInputError("dstGap", input.dstGap, `must be ${DST_GAPS.join(", ")} (a wall time the clock skips: fire it shifted by the jump, not at all, or at the jump)`, "AX_E_TRIGGER");
+        spec.dstGap = input.dstGap as NonNullable<typeof spec.dstGap>;
+      }
+      if (given(input.dstRepeat)) {
+        if (!DST_REPEATS.includes(input.dstRepeat as never)) throw new InvalidInputError("dstRepeat", input.dstRepeat, `must be ${DST_REPEATS.join(", ")} (a wall time that happens twice: fire the first, the second or both)`, "AX_E_TRIGGER");
+        spec.dstRepeat = input.dstRepeat as NonNullable<typeof spec.dstRepeat>;
+      }
       // Compiling warms the cache, and one next() proves the expression fires at all, so a
       // combination the field checks missed fails here, at the user, not later in the scheduler.
       compileTrigger(spec).next(nowMs);

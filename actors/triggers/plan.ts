@@ -46,15 +46,18 @@ function cronWindow(t: CompiledTrigger, first: number, cutoff: number, keep: num
     latest = s;
     keepLatest(kept, s, keep);
     const next = t.next(s);
-    if (missed === CRON_MISSED_COUNT_LIMIT && t.spec.kind === "cron" && next !== null && next < cutoff) {
+    if (missed === CRON_MISSED_COUNT_LIMIT && next !== null && next < cutoff) {
       // Jump: the latest slots before the cutoff, found backwards with prev().
-      const c = cachedCron(t.spec.expr, t.spec.tz);
-      const tail = cronLatestBefore(c, cutoff, s, Math.max(keep, 1));
-      // An empty tail means prev() failed; walking on is slow but still correct.
+      const sp = t.spec;
+      const dst = sp.kind === "cron" ? { ...(sp.dstGap ? { gap: sp.dstGap } : {}), ...(sp.dstRepeat ? { repeat: sp.dstRepeat } : {}) } : {};
+      const tail = sp.kind === "cron" ? cronLatestBefore(cachedCron(sp.expr, sp.tz, dst), cutoff, s, Math.max(keep, 1)) : [];
       if (tail.length > 0) {
         for (const slot of tail) keepLatest(kept, slot, keep);
         return { missed, kept, latest: tail[tail.length - 1]! };
       }
+      // prev() and next() disagree (a trigger that is not our cron): stop here rather than walk
+      // without bound; the slots after `s` are planned by the next call.
+      return { missed, kept, latest: s };
     }
     s = next;
   }

@@ -1,10 +1,18 @@
+/** A wall time the clock jumps over: fire it shifted by the jump, not at all, or at the jump. */
+export type DstGap = "shift" | "skip" | "transition";
+/** A wall time that happens more than once: fire the first, the last, or every copy. */
+export type DstRepeat = "first" | "second" | "both";
+
 /**
  * A trigger as stored: plain data, so it can cross NATS and sit in PostgreSQL as JSON.
  * All instants are epoch milliseconds.
  */
 export type TriggerSpec =
-  /** 5 fields (minute first) or 6 fields (second first), evaluated in the IANA zone `tz`. */
-  | { kind: "cron"; expr: string; tz: string }
+  /**
+   * 5 fields (minute first) or 6 fields (second first), evaluated in the IANA zone `tz`.
+   * dstGap/dstRepeat: the DST policy (docs/TRIGGERS.md); absent = the default.
+   */
+  | { kind: "cron"; expr: string; tz: string; dstGap?: DstGap; dstRepeat?: DstRepeat }
   /** Slots at anchorMs + k*everyMs for k >= 1 (the anchor is the creation instant, not a slot). */
   | { kind: "fixed_rate"; everyMs: number; anchorMs: number }
   /** next = previous run's completion + delayMs; the first slot is creation + delayMs. */

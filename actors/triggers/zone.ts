@@ -1,8 +1,7 @@
 import { InvalidInputError } from "../../common/index.ts";
 
 /**
- * Time-zone helpers on top of Intl, so the trigger module needs no date library of its own
- * (cron-parser brings luxon, but that is its private dependency, not ours).
+ * Time-zone helpers on top of Intl, so the trigger module needs no date library of its own.
  */
 
 // Intl.DateTimeFormat construction costs tens of microseconds; explain()/describe() format
@@ -58,11 +57,6 @@ function wallParts(ms: number, tz: string): WallParts {
   };
 }
 
-/** The UTC offset of `tz` at `ms`, in minutes (New York in winter: -300). */
-export function offsetMinutes(ms: number, tz: string): number {
-  return wallParts(ms, tz).offsetMin;
-}
-
 /** `ms` as local ISO-8601 with the zone's offset, e.g. "2026-03-08T01:00:00-05:00" ("Z" at offset 0). */
 export function formatInZone(ms: number, tz: string): string {
   const p = wallParts(ms, tz);
@@ -76,17 +70,162 @@ export function formatInZone(ms: number, tz: string): string {
   return `${p.year}-${p.month}-${p.day}T${p.hour}:${p.minute}:${p.second}${frac}${off}`;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/*  Exact offsets: the transitions of a zone, found by bisection over Intl and cached per year.  */
+
+const SECOND_MS = 1000;
+const DAY_MS = 86_400_000;
+/** No zone's offset is outside ±18 h (ISO-8601's limit; the real range is -12..+14 h). */
+export const MAX_OFFSET_MS = 18 * 3_600_000;
+// Intl is only asked about this range; beyond it a zone keeps the offset it has at the edge.
+// Nobody schedules in year 9000, and it keeps Intl away from era/negative-year formatting.
+const INTL_MIN_MS = Date.UTC(1000, 0, 1);
+const INTL_MAX_MS = Date.UTC(9000, 0, 1);
+
+const wallFormatters = new Map<string, Intl.DateTimeFormat>();
+const WALL_RE = /^(\d+)\/(\d+)\/(\d+), (\d+):(\d+):(\d+)$/;
+
 /**
- * True when the wall-clock time at `ms` already happened once earlier, with a larger offset:
- * the second copy of the hour repeated when DST ends. Used only to make explanations honest.
+ * The offset of `tz` at `ms`, in milliseconds (whole seconds: LMT offsets such as Monrovia's
+ * -0:44:30 until 1972 keep their seconds), read from Intl's wall-clock fields. This is the only
+ * place that asks Intl; everything else reads the cached transition table.
  */
-export function isSecondOccurrence(ms: number, tz: string): boolean {
-  const now = offsetMinutes(ms, tz);
-  // Look a few hours back for a larger offset; every real fall-back is at most 2h.
-  const before = offsetMinutes(ms - 3 * 3_600_000, tz);
-  if (before <= now) return false;
-  const earlier = ms - (before - now) * 60_000;
-  return offsetMinutes(earlier, tz) === before;
+function intlOffsetMs(tz: string, ms: number): number {
+  let f = wallFormatters.get(tz);
+  if (f === undefined) {
+    f = new Intl.DateTimeFormat("en-US", {
+      timeZone: tz, hourCycle: "h23", year: "numeric", month: "numeric", day: "numeric", hour: "numeric", minute: "numeric", second: "numeric",
+    });
+    wallFormatters.set(tz, f);
+  }
+  const at = Math.min(INTL_MAX_MS, Math.max(INTL_MIN_MS, ms));
+  const m = WALL_RE.exec(f.format(at));
+  if (!m) throw new Error(`unexpected Intl wall-clock format for ${tz}: ${f.format(at)}`);
+  const wall = Date.UTC(Number(m[3]), Number(m[1]) - 1, Number(m[2]), Number(m[4]), Number(m[5]), Number(m[6]));
+  return wall - (at - (((at % SECOND_MS) + SECOND_MS) % SECOND_MS));
+}
+
+/** One UTC year of a zone: offsets[i] holds from starts[i] to starts[i+1] (or the year's end). */
+interface YearTable { readonly starts: number[]; readonly offsets: number[]; readonly end: number }
+
+const tables = new Map<string, Map<number, YearTable>>();
+let intlCalls = 0;
+
+/**
+ * Every 3 days: two transitions closer than that which return to the same offset would be
+ * missed. The closest pair in tzdata since 1970 is 6.96 days apart (Brazil, October 2000);
+ * the zone sweep (AX_SWEEP=1) compares every zone's table with the system's TZif files.
+ */
+const SAMPLE_MS = 3 * DAY_MS;
+
+/**
+ * A year is sampled every SAMPLE_MS and every change is bisected to the second.
+ * Cost: about 190 Intl calls per zone and year, once.
+ */
+function buildYear(tz: string, year: number): YearTable {
+  const start = yearStart(year);
+  const end = yearStart(year + 1);
+  const off = (ms: number): number => { intlCalls++; return intlOffsetMs(tz, ms); };
+  const first = off(start);
+  const starts = [start];
+  const offsets = [first];
+  if (end <= INTL_MIN_MS || start >= INTL_MAX_MS) return { starts, offsets, end };
+  // Finds every change in (a, b] given the offsets at both ends, to the second.
+  const bisect = (a: number, oa: number, b: number, ob: number): void => {
+    while (oa !== ob) {
+      let lo = a; let hi = b;
+      while (hi - lo > SECOND_MS) {
+        const mid = lo + Math.floor((hi - lo) / 2 / SECOND_MS) * SECOND_MS;
+        if (off(mid) === oa) lo = mid; else hi = mid;
+      }
+      const oh = off(hi);
+      starts.push(hi); offsets.push(oh);
+      a = hi; oa = oh;
+    }
+  };
+  let prev = start; let prevOff = first;
+  for (let t = start + SAMPLE_MS; t <= end; t = Math.min(end, t + SAMPLE_MS)) {
+    const o = t === end ? off(end - SECOND_MS) : off(t);
+    const at = t === end ? end - SECOND_MS : t;
+    if (o !== prevOff) bisect(prev, prevOff, at, o);
+    prev = at; prevOff = o;
+    if (t === end) break;
+  }
+  return { starts, offsets, end };
+}
+
+/** Date.UTC maps years 0-99 to 1900-1999; setUTCFullYear does not. */
+export function yearStart(year: number): number {
+  const d = new Date(Date.UTC(2000, 0, 1));
+  d.setUTCFullYear(year);
+  return d.getTime();
+}
+
+function yearTable(tz: string, year: number): YearTable {
+  let byYear = tables.get(tz);
+  if (byYear === undefined) { byYear = new Map(); tables.set(tz, byYear); }
+  let t = byYear.get(year);
+  if (t === undefined) { t = buildYear(tz, year); byYear.set(year, t); }
+  return t;
+}
+
+/**
+ * A stretch of time with one offset: [start, end), wall time = instant + offset. Pieces also
+ * end at UTC year boundaries (with the same offset on both sides), which keeps every walk over
+ * pieces in steps of at most a year.
+ */
+export interface Piece { readonly start: number; readonly end: number; readonly offset: number }
+
+/** The piece containing instant `ms` of canonical zone `tz`. */
+export function pieceAt(tz: string, ms: number): Piece {
+  const year = new Date(ms).getUTCFullYear();
+  const t = yearTable(tz, year);
+  const { starts, offsets } = t;
+  let lo = 0; let hi = starts.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (starts[mid]! <= ms) lo = mid; else hi = mid - 1;
+  }
+  return { start: starts[lo]!, end: lo + 1 < starts.length ? starts[lo + 1]! : t.end, offset: offsets[lo]! };
+}
+
+/** Exact offset of `tz` at `ms` in milliseconds, from the cached table. */
+export function offsetMsAt(tz: string, ms: number): number {
+  return pieceAt(tz, ms).offset;
+}
+
+/** The instants at which the wall time `wall` (a naive time written as UTC ms) happens in `tz`, ascending. */
+export function instantsOfWall(tz: string, wall: number): number[] {
+  const out: number[] = [];
+  // An instant with that wall time is within ±MAX_OFFSET_MS of it.
+  for (let x = wall - MAX_OFFSET_MS; x <= wall + MAX_OFFSET_MS;) {
+    const p = pieceAt(tz, x);
+    const s = wall - p.offset;
+    if (s >= p.start && s < p.end && (out.length === 0 || out[out.length - 1] !== s)) out.push(s);
+    x = p.end;
+  }
+  return out;
+}
+
+/** Transitions of `tz` (offset changes) in [fromMs, toMs): the instant and the offsets on each side, in ms. */
+export function transitionsBetween(tz: string, fromMs: number, toMs: number): Array<{ at: number; before: number; after: number }> {
+  const out: Array<{ at: number; before: number; after: number }> = [];
+  let x = fromMs;
+  let prev = offsetMsAt(tz, x - SECOND_MS);
+  while (x < toMs) {
+    const p = pieceAt(tz, x);
+    if (p.offset !== prev && p.start >= fromMs) out.push({ at: p.start, before: prev, after: p.offset });
+    prev = p.offset;
+    x = p.end;
+  }
+  return out;
+}
+
+/** For tests: how many times Intl was asked for an offset, and how many zone-years are cached. */
+export function zoneTableStats(): { intlCalls: number; years: number } {
+  let years = 0;
+  for (const m of tables.values()) years += m.size;
+  return { intlCalls, years };
 }
 
 export function isoUtc(ms: number): string {

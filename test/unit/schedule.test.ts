@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { backoffMs, nextPointer, type TaskRow } from "../../actors/index.ts";
+import { TriggerStuckError, backoffMs, compileTrigger, isTriggerStuck, nextPointer, type CompiledTrigger, type TaskRow } from "../../actors/index.ts";
 
 type T = Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs">;
 const rate = (everyMs: number, anchorMs: number, misfire: T["misfire"] = "once", slots: Record<string, number> = {}): T => ({
@@ -37,6 +37,65 @@ describe("next pointer", () => {
   it("picks the earliest of several triggers and ignores disabled ones", () => {
     const t: T = { ...rate(1000, 0), triggers: [...rate(1000, 0).triggers, { id: 3, kind: "once", spec: { kind: "once", atMs: 300 }, enabled: true }, { id: 4, kind: "once", spec: { kind: "once", atMs: 100 }, enabled: false }] };
     expect(nextPointer(t, 0)).toMatchObject({ dueMs: 300, triggerId: 3, source: "once" });
+  });
+});
+
+describe("a trigger that does not advance never hangs nextPointer", () => {
+  const cronTask = (slots: Record<string, number> = {}, misfire: T["misfire"] = "once"): T & { id: number } => ({
+    id: 42, triggers: [{ id: 7, kind: "cron", spec: { kind: "cron", expr: "*/15 * * * *", tz: "Pacific/Chatham" }, enabled: true }],
+    triggerSlots: slots, misfire, createdMs: Date.parse("2026-04-04T12:00:00Z"),
+  });
+  /** The bug of issue 13: from 13:00Z the next slot came back as 12:15Z. */
+  const backwards = (real: CompiledTrigger): CompiledTrigger => ({
+    spec: real.spec, describe: () => real.describe(), explain: (a, s) => real.explain(a, s),
+    next: (after) => (after >= Date.parse("2026-04-04T13:00:00Z") ? Date.parse("2026-04-04T12:15:00Z") : real.next(after)),
+  });
+  const stuckOf = (fn: () => unknown): TriggerStuckError => {
+    try { fn(); } catch (e) { expect(isTriggerStuck(e)).toBe(true); return e as TriggerStuckError; }
+    throw new Error("expected a TriggerStuckError");
+  };
+  const compileWith = (wrap: (t: CompiledTrigger) => CompiledTrigger) => ({ compile: (tr: { spec: unknown }) => wrap(compileTrigger(tr.spec as never)) });
+
+  it("a slot earlier than asked: typed failure naming the task, the trigger and the instants", () => {
+    const now = Date.parse("2026-04-04T13:00:00.500Z");
+    for (const misfire of ["once", "skip", "all"] as const) {
+      const e = stuckOf(() => nextPointer(cronTask({ "7": Date.parse("2026-04-04T13:00:00Z") }, misfire), now, compileWith(backwards)));
+      expect(e.code).toBe("AX_E_TRIGGER_STUCK");
+      expect([e.taskId, e.triggerId, e.afterMs, e.returned]).toEqual([42, 7, Date.parse("2026-04-04T13:00:00Z"), Date.parse("2026-04-04T12:15:00Z")]);
+      expect(e.message).toContain("task 42: trigger 7");
+      expect(e.message).toContain("did not advance: next(2026-04-04T13:00:00.000Z) returned 2026-04-04T12:15:00.000Z");
+      expect(e.toJSON()).toMatchObject({ code: "AX_E_TRIGGER_STUCK", field: "trigger", value: { taskId: 42, triggerId: 7 } });
+    }
+  });
+
+  it("inside the misfire=once catch-up walk (the loop that used to spin forever)", () => {
+    // Down from 12:00Z to 13:00:00.5Z: the catch-up is the 12:45Z slot and the walk to now asks next(13:00Z).
+    const e = stuckOf(() => nextPointer(cronTask({ "7": Date.parse("2026-04-04T12:00:00Z") }), Date.parse("2026-04-04T13:00:00.500Z"), compileWith(backwards)));
+    expect(e.afterMs).toBe(Date.parse("2026-04-04T13:00:00Z"));
+  });
+
+  it("a slot equal to its argument, NaN, or a thrown error", () => {
+    const now = Date.parse("2026-04-04T13:00:00.500Z");
+    const task = cronTask({ "7": Date.parse("2026-04-04T12:45:00Z") });
+    const same = stuckOf(() => nextPointer(task, now, compileWith((t) => ({ ...t, spec: t.spec, describe: () => t.describe(), explain: t.explain, next: (a) => a }))));
+    expect(same.returned).toBe(Date.parse("2026-04-04T12:45:00Z"));
+    const nan = stuckOf(() => nextPointer(task, now, compileWith((t) => ({ spec: t.spec, describe: () => t.describe(), explain: t.explain, next: () => Number.NaN }))));
+    expect(nan.message).toContain("returned NaN");
+    const boom = stuckOf(() => nextPointer(task, now, compileWith((t) => ({ spec: t.spec, describe: () => t.describe(), explain: t.explain, next: () => { throw new Error("boom"); } }))));
+    expect(boom.message).toContain("failed: boom");
+    expect((boom.cause as Error).message).toBe("boom");
+  });
+
+  it("a stored spec that no longer compiles is the same typed failure", () => {
+    const task: T & { id: number } = { ...cronTask(), triggers: [{ id: 9, kind: "cron", spec: { kind: "cron", expr: "61 * * * *", tz: "UTC" }, enabled: true }] };
+    const e = stuckOf(() => nextPointer(task, Date.parse("2026-04-04T13:00:00Z")));
+    expect([e.taskId, e.triggerId]).toEqual([42, 9]);
+    expect(e.message).toContain("minute field");
+  });
+
+  it("with the real arithmetic the Chatham task of issue 13 just moves on", () => {
+    const p = nextPointer(cronTask({ "7": Date.parse("2026-04-04T13:00:00Z") }), Date.parse("2026-04-04T13:00:00.500Z"))!;
+    expect(p).toMatchObject({ dueMs: Date.parse("2026-04-04T13:15:00Z"), source: "cron", triggerId: 7 });
   });
 });
 

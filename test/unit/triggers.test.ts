@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { InvalidInputError } from "../../common/index.ts";
 import {
-  CRON_MISSED_COUNT_LIMIT, compileTrigger, parseTrigger, planAfter, preview,
+  CRON_MISSED_COUNT_LIMIT, compileTrigger, parseTrigger, planAfter, preview, previewMarks,
   type CompiledTrigger, type TriggerSpec,
 } from "../../actors/triggers/index.ts";
 import { cachedCron, cronCacheStats, cronLatestBefore } from "../../actors/triggers/cron.ts";
@@ -131,6 +131,24 @@ describe("parseTrigger: every refusal names the field, the code and the bad toke
     if (echo !== undefined) expect(err.message).toContain(echo);
   });
 
+  it.each([
+    { cron: "0 0 * * 0,7", from: "2026-01-01T00:00:00Z", want: ["2026-01-04T00:00:00.000Z", "2026-01-11T00:00:00.000Z"] },
+    { cron: "*/15,30 * * * *", from: "2026-01-01T00:00:00Z", want: ["2026-01-01T00:15:00.000Z", "2026-01-01T00:30:00.000Z", "2026-01-01T00:45:00.000Z", "2026-01-01T01:00:00.000Z"] },
+    { cron: "0 8-18,12 * * *", from: "2026-01-01T17:30:00Z", want: ["2026-01-01T18:00:00.000Z", "2026-01-02T08:00:00.000Z"] },
+    { cron: "0 0 1,1-3,2 * *", from: "2026-01-01T00:00:00Z", want: ["2026-01-02T00:00:00.000Z", "2026-01-03T00:00:00.000Z", "2026-02-01T00:00:00.000Z"] },
+    { cron: "0 0 0 * * sun,0,7,SUN", from: "2026-01-01T00:00:00Z", want: ["2026-01-04T00:00:00.000Z", "2026-01-11T00:00:00.000Z"] },
+  ])("overlapping list items are merged: $cron", ({ cron: expr, from, want }) => {
+    const spec = parseTrigger({ cron: expr }, NOW);
+    expect(spec).toEqual({ kind: "cron", expr, tz: "UTC" });
+    expect(preview(compileTrigger(spec), T(from), want.length).map(iso)).toEqual(want);
+  });
+
+  it("a refusal next to an overlapping item still names the field and the token", () => {
+    const err = caught(() => parseTrigger({ cron: "0 0 * * 0,7,8" }, NOW));
+    expect([err.field, err.code]).toEqual(["cron", "AX_E_CRON_FIELD"]);
+    expect(err.message).toContain(`day-of-week field "0,7,8": 8 is out of range 0-7`);
+  });
+
   it("a leap day is accepted in a leap year", () => {
     expect(parseTrigger({ at: "2028-02-29T00:00:00Z" }, NOW)).toEqual({ kind: "once", atMs: T("2028-02-29T00:00:00Z") });
     expect(parseTrigger({ cron: "0 0 29 2 *" }, NOW).kind).toBe("cron");
@@ -182,7 +200,7 @@ describe("next() for each kind", () => {
 
 /* ------------------------------------------------------------------------------------------ */
 
-describe("DST behaviour (cron-parser 5, America/New_York)", () => {
+describe("DST behaviour (docs/TRIGGERS.md, America/New_York)", () => {
   const NY = "America/New_York";
 
   it("spring forward 2026-03-08: 30 2 * * * fires once, at 03:30 EDT (07:30Z)", () => {
@@ -229,12 +247,12 @@ describe("DST behaviour (cron-parser 5, America/New_York)", () => {
     ]);
   });
 
-  it("fall back: the cadence chain from the scheduled slot never reaches the second 01:30", () => {
+  it("fall back: the second 01:30 is not a slot, however next() is asked", () => {
     const t = cron("30 1 * * *", NY);
     expect(iso(t.next(T("2026-11-01T05:30:00Z")))).toBe("2026-11-02T06:30:00.000Z");
-    // Asked from a non-slot instant inside the repeated hour, cron-parser does return the
-    // second 01:30; planAfter never asks that way (see the planAfter DST test).
-    expect(iso(t.next(T("2026-11-01T06:10:00Z")))).toBe("2026-11-01T06:30:00.000Z");
+    // From inside the repeated hour too (cron-parser used to return the second 01:30 here):
+    // the slots are one fixed set, so next() does not depend on where it is asked from.
+    expect(iso(t.next(T("2026-11-01T06:10:00Z")))).toBe("2026-11-02T06:30:00.000Z");
   });
 
   it("explain() calls out the DST cases", () => {
@@ -259,6 +277,81 @@ describe("DST behaviour (cron-parser 5, America/New_York)", () => {
     const every = cachedCron("*/30 * * * *", NY);
     expect(cronLatestBefore(every, T("2026-11-01T07:00:00Z"), T("2026-11-01T04:00:00Z"), 10).map(iso))
       .toEqual(preview(cron("*/30 * * * *", NY), T("2026-11-01T04:00:00Z"), 5).map(iso));
+  });
+});
+
+describe("DST policy per schedule (dstGap, dstRepeat)", () => {
+  const NY = "America/New_York";
+  const slots = (expr: string, from: string, n: number, dst: Record<string, string>): Array<string | null> =>
+    preview(compileTrigger(parseTrigger({ cron: expr, tz: NY, ...dst }, NOW)), T(from), n).map(iso);
+
+  it.each([
+    { dst: {} as Record<string, string>, want: ["2026-03-07T07:30:00.000Z", "2026-03-08T07:30:00.000Z", "2026-03-09T06:30:00.000Z"] },
+    { dst: { dstGap: "shift" }, want: ["2026-03-07T07:30:00.000Z", "2026-03-08T07:30:00.000Z", "2026-03-09T06:30:00.000Z"] },
+    { dst: { dstGap: "skip" }, want: ["2026-03-07T07:30:00.000Z", "2026-03-09T06:30:00.000Z", "2026-03-10T06:30:00.000Z"] },
+    { dst: { dstGap: "transition" }, want: ["2026-03-07T07:30:00.000Z", "2026-03-08T07:00:00.000Z", "2026-03-09T06:30:00.000Z"] },
+  ])("gap: 30 2 * * * on 2026-03-08 with $dst", ({ dst, want }) => {
+    expect(slots("30 2 * * *", "2026-03-07T00:00:00Z", 3, dst)).toEqual(want);
+  });
+
+  it.each([
+    { dst: {} as Record<string, string>, want: ["2026-11-01T05:30:00.000Z", "2026-11-02T06:30:00.000Z"] },
+    { dst: { dstRepeat: "first" }, want: ["2026-11-01T05:30:00.000Z", "2026-11-02T06:30:00.000Z"] },
+    { dst: { dstRepeat: "second" }, want: ["2026-11-01T06:30:00.000Z", "2026-11-02T06:30:00.000Z"] },
+    { dst: { dstRepeat: "both" }, want: ["2026-11-01T05:30:00.000Z", "2026-11-01T06:30:00.000Z"] },
+  ])("repeat: 30 1 * * * on 2026-11-01 with $dst", ({ dst, want }) => {
+    expect(slots("30 1 * * *", "2026-11-01T00:00:00Z", 2, dst)).toEqual(want);
+  });
+
+  it("every-hour expressions default to both copies; first/second narrow them", () => {
+    expect(slots("30 * * * *", "2026-11-01T05:00:00Z", 3, {})).toEqual(["2026-11-01T05:30:00.000Z", "2026-11-01T06:30:00.000Z", "2026-11-01T07:30:00.000Z"]);
+    expect(slots("30 * * * *", "2026-11-01T05:00:00Z", 2, { dstRepeat: "first" })).toEqual(["2026-11-01T05:30:00.000Z", "2026-11-01T07:30:00.000Z"]);
+    expect(slots("30 * * * *", "2026-11-01T05:00:00Z", 2, { dstRepeat: "second" })).toEqual(["2026-11-01T06:30:00.000Z", "2026-11-01T07:30:00.000Z"]);
+  });
+
+  it("the spec keeps only what was given, and describe() names it", () => {
+    expect(parseTrigger({ cron: "30 2 * * *", tz: NY }, NOW)).toEqual({ kind: "cron", expr: "30 2 * * *", tz: NY });
+    const spec = parseTrigger({ cron: "30 2 * * *", tz: NY, dstGap: "skip", dstRepeat: "both" }, NOW);
+    expect(spec).toEqual({ kind: "cron", expr: "30 2 * * *", tz: NY, dstGap: "skip", dstRepeat: "both" });
+    expect(compileTrigger(spec).describe()).toBe(`cron "30 2 * * *" in America/New_York (dst-gap skip, dst-repeat both)`);
+    expect(compileTrigger(spec).spec).toEqual(spec);
+  });
+
+  it("refusals name the field", () => {
+    const bad = caught(() => parseTrigger({ cron: "30 2 * * *", dstGap: "later" }, NOW));
+    expect([bad.field, bad.code]).toEqual(["dstGap", "AX_E_TRIGGER"]);
+    expect(bad.message).toContain("shift, skip, transition");
+    expect(caught(() => parseTrigger({ cron: "30 2 * * *", dstRepeat: "twice" }, NOW)).field).toBe("dstRepeat");
+    expect(caught(() => parseTrigger({ every: "1h", dstRepeat: "both" }, NOW)).field).toBe("dstRepeat");
+    expect(caught(() => compileTrigger({ kind: "cron", expr: "* * * * *", tz: "UTC", dstGap: "nope" as "skip" })).field).toBe("dstGap");
+  });
+
+  it("previewMarks marks what a rule moved, skipped or repeated", () => {
+    const marks = (expr: string, from: string, n: number, dst: Record<string, string>) =>
+      previewMarks(compileTrigger(parseTrigger({ cron: expr, tz: NY, ...dst }, NOW)), T(from), n).map((m) => [iso(m.slotMs), m.note]);
+    const shifted = marks("30 2 * * *", "2026-03-07T12:00:00Z", 2, {});
+    expect(shifted[0]![0]).toBe("2026-03-08T07:30:00.000Z");
+    expect(shifted[0]![1]).toContain("2026-03-08T02:30:00 did not exist");
+    expect(shifted[1]).toEqual(["2026-03-09T06:30:00.000Z", ""]);
+    expect(marks("30 2 * * *", "2026-03-07T12:00:00Z", 1, { dstGap: "skip" })).toEqual([
+      [null, "skipped: 2026-03-08T02:30:00 did not exist (DST gap at 2026-03-08T07:00:00.000Z; dst-gap skip)"],
+      ["2026-03-09T06:30:00.000Z", ""],
+    ]);
+    const repeated = marks("30 1 * * *", "2026-10-31T12:00:00Z", 2, {});
+    expect(repeated[0]).toEqual(["2026-11-01T05:30:00.000Z", "this is the first occurrence of a wall time repeated when DST ended; only the first fires (dst-repeat first)"]);
+    expect(repeated[1]).toEqual([null, "not fired: 2026-11-01T01:30:00 at 2026-11-01T06:30:00.000Z, a repeated wall time whose other copy fires (dst-repeat first)"]);
+    expect(repeated[2]).toEqual(["2026-11-02T06:30:00.000Z", ""]);
+    // Non-cron triggers have no notes.
+    expect(previewMarks(compileTrigger({ kind: "fixed_rate", everyMs: 1000, anchorMs: NOW }), NOW, 2)).toEqual([{ slotMs: NOW + 1000, note: "" }, { slotMs: NOW + 2000, note: "" }]);
+  });
+
+  it("planAfter's long-outage jump follows the trigger's policy", () => {
+    const t = compileTrigger({ kind: "cron", expr: "* * * * * *", tz: NY, dstRepeat: "first" });
+    const p = planAfter(t, T("2026-11-01T03:00:00Z"), T("2026-11-01T07:00:00Z"), "all", { maxCatchUp: 2 });
+    expect(p.missed).toBe(CRON_MISSED_COUNT_LIMIT);
+    // 06:00-06:59:59Z repeat 01:00-01:59:59 (already fired at 05:xxZ): the latest slots are before 06:00Z.
+    expect(p.fire.map((f) => iso(f.slotMs))).toEqual(["2026-11-01T05:59:58.000Z", "2026-11-01T05:59:59.000Z"]);
+    expect(iso(p.nextSlotMs)).toBe("2026-11-01T07:00:00.000Z");
   });
 });
 
