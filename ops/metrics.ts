@@ -9,6 +9,7 @@ export function createMetrics() {
     fired: new Counter({ name: "ax_runs_fired_total", help: "Runs dispatched", labelNames: ["source"], registers: [registry] }),
     finished: new Counter({ name: "ax_runs_finished_total", help: "Runs ended, by state", labelNames: ["state"], registers: [registry] }),
     lateness: new Histogram({ name: "ax_fire_lateness_seconds", help: "Fire time minus due time", buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], registers: [registry] }),
+    stuck: new Counter({ name: "ax_tasks_stuck_total", help: "Tasks paused because their schedule could not be computed", registers: [registry] }),
     shards: new Gauge({ name: "ax_shards_owned", help: "Shards owned by this node", registers: [registry] }),
     inFlight: new Gauge({ name: "ax_runs_in_flight", help: "Runs in flight on this node", registers: [registry] }),
   };

@@ -178,6 +178,7 @@ export class AxNode {
       events: {
         "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
+        "task:stuck": () => this.metrics.stuck.inc(),
       },
     });
     try {

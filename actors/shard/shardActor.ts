@@ -59,6 +59,7 @@ export interface ShardActorDeps {
 export interface ShardEvents {
   "run:fired"?: (e: { shard: number; runId: string; taskId: number; lateMs: number; source: RunSource }) => void;
   "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string }) => void;
+  "task:stuck"?: (e: { shard: number; taskId: number; reason: string }) => void;
 }
 
 export type ShardCommand =
@@ -88,7 +89,13 @@ interface InFlightRun {
   slotsBefore?: { key: string; value: number | undefined };
 }
 
-interface LiveTask { row: TaskRow; skippedWhileRunning: number; lastSkipped?: { triggerId: number | null; slotMs: number | null } }
+interface LiveTask {
+  row: TaskRow;
+  skippedWhileRunning: number;
+  lastSkipped?: { triggerId: number | null; slotMs: number | null };
+  /** Its schedule could not be computed this round (see markStuck). */
+  stuck?: string;
+}
 
 export type Mail =
   | { t: "due"; items: Array<{ dueMs: number; item: WheelItem }>; lateMs: number }
@@ -168,7 +175,7 @@ export class ShardActor implements EventSink {
   /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
   private acquiredMs = Infinity;
   private refills = 0;
-  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0 };
+  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
     this.shard = shard;
@@ -363,7 +370,7 @@ export class ShardActor implements EventSink {
             this.inWheel.delete(id);
             if (!canFire) { round.redisAdd.push({ id, dueMs: due }); continue; }
             if (!w.inRedis) round.notInRedis.add(id);
-            this.onDue(round, id, due, now);
+            this.guard(round, id, () => this.onDue(round, id, due, now));
           }
           break;
         }
@@ -394,13 +401,57 @@ export class ShardActor implements EventSink {
     return res;
   }
 
+  /** nextPointer, where a schedule that cannot be computed marks its task instead of failing the round. */
+  private nextOf(round: Round, lt: LiveTask, now: number, opts: { completedMs?: number } = {}): Pointer | null {
+    try {
+      return nextPointer(lt.row, now, opts);
+    } catch (e) {
+      this.markStuck(round, lt, e);
+      return null;
+    }
+  }
+
+  /**
+   * Runs one task's decision; if it throws (a trigger that does not advance, a stored spec that no
+   * longer compiles, any bug in one task's arithmetic), the task is marked stuck and the round — and
+   * every other task of the shard — goes on. Without this, one poisoned task failed every round of
+   * its shard, and the restarted shard met it again.
+   */
+  private guard(round: Round, taskId: number, decide: () => void): void {
+    try {
+      decide();
+    } catch (e) {
+      const lt = this.live.get(taskId);
+      if (!lt) throw e;
+      this.markStuck(round, lt, e);
+      this.setPointer(round, lt, null);
+    }
+  }
+
+  /**
+   * A task whose schedule cannot be computed is paused with the reason as its last error (`task
+   * show`: state paused, lastError and nextReason say why; `ax task resume` after a fix), counted
+   * (ax_tasks_stuck_total) and logged once.
+   */
+  private markStuck(round: Round, lt: LiveTask, e: unknown): void {
+    const reason = e instanceof Error ? e.message : String(e);
+    lt.stuck = reason;
+    this.stats.stuck++;
+    this.log.error({ taskId: lt.row.id, err: reason }, "task:stuck: its schedule cannot be computed; the task is paused and the shard goes on");
+    this.transition(lt, { type: "PAUSE" });
+    const rec = lt.row.record as TaskRecord;
+    lt.row.record = { ...rec, context: { ...rec.context, lastError: `schedule stuck: ${reason}` } };
+    round.touched.add(lt.row.id);
+    this.d.events?.["task:stuck"]?.({ shard: this.shard, taskId: lt.row.id, reason });
+  }
+
   private setPointer(round: Round, lt: LiveTask, p: Pointer | null): void {
     const row = lt.row;
     row.nextDueMs = p?.dueMs ?? null;
     row.nextSlotMs = p?.slotMs ?? null;
     row.nextTriggerId = p?.triggerId ?? null;
     row.nextSource = p?.source ?? null;
-    row.nextReason = p?.reason ?? null;
+    row.nextReason = p?.reason ?? (lt.stuck ? `not scheduled: ${lt.stuck}` : null);
     row.nextCausedBy = p?.causedBy ?? null;
     this.unschedule(round, row.id);
     if (p) this.schedule(round, row.id, p.dueMs);
@@ -454,7 +505,7 @@ export class ShardActor implements EventSink {
     if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay" && !this.onlyBehind(row, p, now)) {
       // Came due while nobody owned the shard (node down, hand-over), or so long ago that later
       // slots passed too: the misfire policy decides.
-      const np = nextPointer(row, now);
+      const np = this.nextOf(round, lt, now);
       if (!np) { this.setPointer(round, lt, null); return; }
       if (np.dueMs > now + this.d.tickMs) { this.setPointer(round, lt, np); return; } // skip: resume cadence
       p = np;
@@ -548,7 +599,7 @@ export class ShardActor implements EventSink {
     const key = String(p.triggerId);
     if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = { ...row.triggerSlots, [key]: p.slotMs };
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
-    this.setPointer(round, lt, nextPointer(row, now));
+    this.setPointer(round, lt, this.nextOf(round, lt, now));
   }
 
   private onEvents(round: Round, events: RunEvent[], instance: string, now: number): void {
@@ -635,7 +686,7 @@ export class ShardActor implements EventSink {
     }
     // The chain ended (success, or failed with no attempts left).
     if (row.hasDownstreams) round.outcomes.push({ taskId: row.id, runId: run.runId, outcome: res.to === "success" ? "success" : "failed", at: now, ...(upd.error ? { reason: upd.error } : {}) });
-    let p = nextPointer(row, now, { completedMs: upd.finishedMs ?? now });
+    let p = this.nextOf(round, lt, now, { completedMs: upd.finishedMs ?? now });
     if (lt.skippedWhileRunning > 0 && row.misfire !== "skip" && lt.lastSkipped && (!p || p.dueMs > now)) {
       // A slow run made slots pass: fire once at once for the latest of them, then the cadence resumes.
       p = { dueMs: now, slotMs: lt.lastSkipped.slotMs, triggerId: lt.lastSkipped.triggerId, source: "misfire", causedBy: run.runId,
@@ -699,10 +750,11 @@ export class ShardActor implements EventSink {
         return;
       }
       case "resume": {
+        delete lt.stuck;
         const res = this.transition(lt, { type: "RESUME" });
         if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
         // Missed slots while paused: the misfire policy decides, as after downtime.
-        if (res.to !== "running") this.setPointer(round, lt, nextPointer(lt.row, now));
+        if (res.to !== "running") this.setPointer(round, lt, this.nextOf(round, lt, now));
         round.touched.add(lt.row.id);
         round.replies.push(() => reply({ ok: true, value: { state: lt.row.state, nextDueMs: lt.row.nextDueMs } }));
         return;

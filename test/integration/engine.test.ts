@@ -218,4 +218,31 @@ describe("engine v2", () => {
     const created = await client.call<{ id: number; shard: number }>("task.create", { name: "after", executor: "w", delay: "100ms" });
     await waitFor(async () => (await runsOf(store!, "after")).some((r) => r.state === "success"), 10_000, `task on shard ${created.shard} ran`);
   });
+
+  it("a task whose schedule cannot be computed is paused with the reason; the shard keeps firing its other tasks", async () => {
+    tc = new TestCluster("engs", { AX_SHARDS: "1" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const seen = new Map<string, number>();
+    const node = await tc.startNode("s1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", (ctx: RunContext) => { seen.set(ctx.taskName, (seen.get(ctx.taskName) ?? 0) + 1); });
+    await ex.registered;
+    const client = await tc.client();
+    await client.call("task.create", { name: "healthy", executor: "w", every: "1s" });
+    await client.call("task.create", { name: "poisoned", executor: "w", every: "1s" });
+    await waitFor(() => (seen.get("poisoned") ?? 0) >= 1 && (seen.get("healthy") ?? 0) >= 1, 10_000, "both firing");
+    // A stored trigger that no longer compiles (as after a bad hand edit or an older version's spec).
+    await store.pool.query(`update tasks set trigger_set = jsonb_set(trigger_set, '{0,spec}', '{"kind":"cron","expr":"61 * * * *"}') where name = 'poisoned'`);
+    const shown = await waitFor(async () => {
+      const t = await client.call<{ state: string; lastError: string | null; nextReason: string | null }>("task.show", { task: "poisoned" });
+      return t.state === "paused" ? t : null;
+    }, 10_000, "poisoned marked");
+    expect(shown.lastError).toMatch(/schedule stuck/);
+    expect(shown.nextReason).toMatch(/not scheduled/);
+    const epoch = (await store.listShards())[0]!.epoch;
+    const before = seen.get("healthy")!;
+    await waitFor(() => seen.get("healthy")! >= before + 3, 10_000, "healthy keeps firing");
+    expect((await store.listShards())[0]!.epoch).toBe(epoch); // the shard never restarted
+    expect(node.metrics.registry.getSingleMetricAsString("ax_tasks_stuck_total")).toMatch(/ax_tasks_stuck_total 1/);
+  });
 });
