@@ -34,6 +34,8 @@ export interface ExecutorOptions {
   concurrency?: number;
   namespace?: string;
   natsUrl?: string;
+  /** Replicas of the streams if this executor is the first to create them (default AX_REPLICAS, else 1). */
+  replicas?: number;
   /** Reuse a connection instead of opening one. */
   connection?: NatsConnection;
   instance?: string;
@@ -158,7 +160,7 @@ export class Executor {
     }
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);
-    await ensureStreams(jsm, this.n);
+    await ensureStreams(jsm, this.n, { replicas: this.opts.replicas ?? (Number(process.env.AX_REPLICAS) || 1) });
     const durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
     if (this.opts.register !== false) void this.registerLoop();
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);

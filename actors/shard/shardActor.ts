@@ -260,7 +260,7 @@ export class ShardActor {
             if (m.t === "events" || m.t === "trigger") m.msg.nak(1000);
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
-          this.fence();
+          this.fence(`round failed: ${String(e)}`);
           this.d.onFenced(this.shard);
           return;
         }
@@ -644,7 +644,7 @@ export class ShardActor {
     if (stale) {
       this.log.error("epoch is no longer current: write refused, shard stops");
       for (const m of round.acks) m.nak();
-      this.fence();
+      this.fence("epoch is no longer current");
       this.d.onFenced(this.shard);
       return;
     }
@@ -783,8 +783,8 @@ export class ShardActor {
     this.log.info({ returned: back.length }, "shard:released");
   }
 
-  /** Lease lost: stop now, write nothing more. */
-  fence(): void {
+  /** Lease lost, or a round/start that failed: stop now, write nothing more. `reason` says which. */
+  fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
     this.wheel.stop();
@@ -794,6 +794,6 @@ export class ShardActor {
     this.inFlight.clear();
     for (const m of this.mail) if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
     this.mail = [];
-    this.log.warn("lease:lost — shard stopped");
+    this.log.warn({ reason }, "shard:stopped");
   }
 }
