@@ -101,6 +101,7 @@ export class ShardSupervisor {
   /** Shards whose last start or rounds failed: not tried again before `retryAtMono`. */
   private readonly failures = new Map<number, { n: number; retryAtMono: number; lastMono: number }>();
   private gateLogged = false;
+  private pinsUnreadable = false;
 
   constructor(private readonly o: SupervisorOptions) {
     this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log);
@@ -348,8 +349,12 @@ export class ShardSupervisor {
       this.pins = new Map(rows.filter((r) => r.pinnedTo).map((r) => [r.shard, r.pinnedTo!]));
       const r = await this.o.store.pool.query("select value from meta where key = 'drained'");
       this.drained = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      this.pinsUnreadable = false;
     } catch (e) {
-      this.o.log.warn({ err: String(e) }, "could not read pins and drains; using the last known");
+      // Once per outage: it is retried every heartbeat, and the outage has its own line.
+      if (!this.pinsUnreadable) this.o.log.warn({ err: String(e) }, "could not read pins and drains; using the last known");
+      this.pinsUnreadable = true;
+      this.refreshNeeded = true;
     }
   }
 

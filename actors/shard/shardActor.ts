@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchSchema, decode, derivedRunId, encode, newRunId, shardEventsConsumer, shardTriggerConsumer,
+  DependencyTriggerSchema, EventBatchSchema, EventCatchUp, decode, derivedRunId, encode, jetStreamProgress, newRunId, shardEventsConsumer, shardTriggerConsumer,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -141,6 +141,9 @@ export class ShardActor {
   private consumerLoops: Array<Promise<void>> = [];
   private readonly horizonMs: number;
   private readonly refillEveryMs: number;
+  /** Timeouts wait until the events published before them are read (see EventCatchUp). */
+  private readonly catchUp: EventCatchUp;
+  private readonly timeoutCheckedFrom = new Map<string, number>();
   private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0 };
 
@@ -151,6 +154,7 @@ export class ShardActor {
     this.log = deps.log.child({ shard, epoch });
     this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
     this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
+    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream, shardEventsConsumer(shard)), deps.clock, this.log);
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
       onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),
@@ -497,7 +501,18 @@ export class ShardActor {
 
   private onTimeout(round: Round, runId: string, now: number): void {
     const run = this.inFlight.get(runId);
-    if (!run) return;
+    if (!run) { this.timeoutCheckedFrom.delete(runId); return; }
+    const from = this.timeoutCheckedFrom.get(runId) ?? now;
+    if (!this.catchUp.covers(from)) {
+      // Its completion may sit unread in the events stream (a reload after an outage, a lagging consumer).
+      this.timeoutCheckedFrom.set(runId, from);
+      this.catchUp.request((unconfirmed) => {
+        if (unconfirmed) this.timeoutCheckedFrom.set(runId, -Infinity);
+        this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
+      });
+      return;
+    }
+    this.timeoutCheckedFrom.delete(runId);
     if (!this.live.has(run.taskId)) {
       // Adopted at load: the task row comes with the next round.
       void this.d.store.fetchTasks(this.shard, [run.taskId]).then((rows) => {
@@ -780,6 +795,7 @@ export class ShardActor {
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
     this.state = "stopped";
+    this.catchUp.stop();
     this.log.info({ returned: back.length }, "shard:released");
   }
 
@@ -787,6 +803,7 @@ export class ShardActor {
   fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
+    this.catchUp.stop();
     this.wheel.stop();
     if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
     for (const c of this.consumers) void c.close().catch(() => undefined);

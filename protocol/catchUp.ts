@@ -1,0 +1,91 @@
+import type { Consumer, JetStreamClient } from "@nats-io/jetstream";
+import type { Clock, Logger } from "../common/index.ts";
+
+/** What one check needs from JetStream (a seam for tests; the real one is {@link jetStreamProgress}). */
+export interface ConsumerProgress {
+  /** The stream's last sequence now (any subject). */
+  streamLastSeq(): Promise<number>;
+  /** The consumer's position: what it has left to deliver, what is delivered but unacked, and the ack floor. */
+  consumer(): Promise<{ pending: number; ackPending: number; ackFloorSeq: number }>;
+}
+
+export function jetStreamProgress(js: JetStreamClient, stream: string, durable: string): ConsumerProgress {
+  let c: Consumer | null = null;
+  return {
+    async streamLastSeq() { return (await (await js.streams.get(stream)).info()).state.last_seq; },
+    async consumer() {
+      c ??= await js.consumers.get(stream, durable);
+      const i = await c.info();
+      return { pending: i.num_pending, ackPending: i.num_ack_pending, ackFloorSeq: i.ack_floor.stream_seq };
+    },
+  };
+}
+
+/**
+ * "Has every event published before time T been applied?" for one shard's event consumer.
+ *
+ * A run must not be recorded `timed_out` while its completion sits unread in the events stream
+ * (after a PostgreSQL outage the shard reloads with runs whose deadline passed meanwhile; after
+ * a NATS restart a consumer may lag). A check started at T reads the stream's last sequence
+ * (everything published before T is at or below it), then polls the consumer until it has
+ * applied everything up to there: acked past it, or nothing left to deliver and nothing
+ * unacked. Events are acked only after the round that applied them is written, so "acked"
+ * means "applied". Checks run only when a timeout is due, and concurrent requests share one.
+ */
+export class EventCatchUp {
+  private confirmedUpTo = -Infinity;
+  private check: { startedAt: number; waiters: Array<() => void> } | null = null;
+  private stopped = false;
+
+  constructor(
+    private readonly progress: ConsumerProgress,
+    private readonly clock: Clock,
+    private readonly log: Logger,
+    private readonly opts: { pollMs?: number; giveUpMs?: number } = {},
+  ) {}
+
+  /** True if every event published before `atMs` (wall clock) is known to be applied. */
+  covers(atMs: number): boolean { return this.confirmedUpTo >= atMs; }
+
+  /**
+   * Confirms everything published up to now; `then` runs once confirmed, or after `giveUpMs`
+   * (default 30 s) with the reason it could not be — JetStream unreachable for that long must
+   * not keep runs in flight forever; the caller then acts on its own information.
+   */
+  request(then: (unconfirmed?: string) => void): void {
+    if (this.stopped) return;
+    if (this.check) { this.check.waiters.push(then); return; }
+    const c = { startedAt: this.clock.now(), waiters: [then] };
+    this.check = c;
+    void this.run(c.startedAt).then((why) => {
+      this.check = null;
+      if (why === undefined) this.confirmedUpTo = Math.max(this.confirmedUpTo, c.startedAt);
+      if (!this.stopped) for (const w of c.waiters) w(why);
+    });
+  }
+
+  stop(): void { this.stopped = true; }
+
+  private async run(startedAt: number): Promise<string | undefined> {
+    const pollMs = this.opts.pollMs ?? 100;
+    const giveUpAt = this.clock.monotonic() + (this.opts.giveUpMs ?? 30_000);
+    let target: number | null = null;
+    let last = "";
+    while (!this.stopped) {
+      try {
+        target ??= await this.progress.streamLastSeq();
+        const p = await this.progress.consumer();
+        if (p.ackFloorSeq >= target || (p.pending === 0 && p.ackPending === 0)) return undefined;
+        last = `consumer behind: ${p.pending} undelivered, ${p.ackPending} unacked, ack floor ${p.ackFloorSeq} < ${target}`;
+      } catch (e) {
+        last = `progress unknown: ${String((e as Error)?.message ?? e)}`;
+      }
+      if (this.clock.monotonic() >= giveUpAt) {
+        this.log.warn({ since: new Date(startedAt).toISOString(), why: last }, "could not confirm the shard's events were read; acting on timeouts anyway");
+        return last;
+      }
+      await new Promise<void>((r) => this.clock.setTimeout(r, pollMs));
+    }
+    return "stopped";
+  }
+}
