@@ -72,6 +72,9 @@ export class DependencyHealth {
     void (async () => {
       for await (const s of this.o.nc.status()) {
         if (this.stopped) return;
+        // The client knows it lost the server: that is the outage's start (a probe would only
+        // time out, its request buffered until the reconnect).
+        if (s.type === "disconnect") { const d = this.deps.get("nats")!; if (d.up) this.transition("nats", d, false, `disconnected from ${String(s.server ?? "the server")}`); }
         if (s.type === "disconnect" || s.type === "reconnect") this.probeSoon("nats");
       }
     })().catch(() => undefined);

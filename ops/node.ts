@@ -3,7 +3,7 @@ import { connect, type NatsConnection, type Subscription } from "@nats-io/transp
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { AxError, RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { connectionUptime, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
@@ -100,6 +100,7 @@ export class AxNode {
     this.due = new DueIndex(c.redisUrl, c.namespace);
     this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
+    connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
     await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true }));
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));

@@ -1,4 +1,5 @@
 import type { Consumer, JetStreamClient } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
 import type { Clock, Logger } from "../common/index.ts";
 
 /** What one check needs from JetStream (a seam for tests; the real one is {@link jetStreamProgress}). */
@@ -21,6 +22,30 @@ export function jetStreamProgress(js: JetStreamClient, stream: string, durable: 
   };
 }
 
+const uptimes = new WeakMap<NatsConnection, { sinceMono: number | null }>();
+
+/**
+ * How long `nc` has been connected without a break (ms; null while disconnected), from its
+ * status events. One watcher per connection, shared by every caller; call it once early (the
+ * node does at start) so an outage before the first shard actor is not missed.
+ */
+export function connectionUptime(nc: NatsConnection, clock: Clock): () => number | null {
+  let u = uptimes.get(nc);
+  if (!u) {
+    const state: { sinceMono: number | null } = { sinceMono: -Infinity };
+    u = state;
+    uptimes.set(nc, state);
+    void (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === "disconnect") state.sinceMono = null;
+        else if (s.type === "reconnect") state.sinceMono = clock.monotonic();
+      }
+    })().catch(() => undefined);
+  }
+  const st = u;
+  return () => (st.sinceMono === null ? null : clock.monotonic() - st.sinceMono);
+}
+
 /**
  * "Has every event published before time T been applied?" for one shard's event consumer.
  *
@@ -41,7 +66,15 @@ export class EventCatchUp {
     private readonly progress: ConsumerProgress,
     private readonly clock: Clock,
     private readonly log: Logger,
-    private readonly opts: { pollMs?: number; giveUpMs?: number } = {},
+    private readonly opts: {
+      pollMs?: number; giveUpMs?: number;
+      /**
+       * The node's NATS uptime ({@link connectionUptime}). After an outage the executors'
+       * completions of that time are still in their buffers, not in the stream: nothing is
+       * confirmed until the connection has been back `settleMs` (default 5 s), so they land first.
+       */
+      uptimeMs?: () => number | null; settleMs?: number;
+    } = {},
   ) {}
 
   /** True if every event published before `atMs` (wall clock) is known to be applied. */
@@ -72,7 +105,9 @@ export class EventCatchUp {
     let target: number | null = null;
     let last = "";
     while (!this.stopped) {
+      const up = this.opts.uptimeMs?.() ?? Infinity;
       try {
+        if (up === null || up < (this.opts.settleMs ?? 5000)) throw new Error(up === null ? "NATS disconnected" : `NATS back only ${Math.round(up)}ms ago; executors may still be publishing`);
         target ??= await this.progress.streamLastSeq();
         const p = await this.progress.consumer();
         if (p.ackFloorSeq >= target || (p.pending === 0 && p.ackPending === 0)) return undefined;

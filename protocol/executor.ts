@@ -336,12 +336,14 @@ export class Executor {
         const data = encode({ v: 1, executor: this.name, instance: this.instance, shard, events });
         for (let attempt = 0; ; attempt++) {
           try {
-            await this.js!.publish(this.n.eventsSubject(shard), data, { msgID, timeout: 5000 });
+            // A short timeout: a publish sent into a connection that just dropped is never
+            // answered, and waiting 5 s for that delayed completions by as much after a NATS restart.
+            await this.js!.publish(this.n.eventsSubject(shard), data, { msgID, timeout: 2000 });
             return;
           } catch (e) {
             // Same msgID on retry: JetStream de-duplicates a publish that did land.
-            if (attempt >= 20) { this.log.error({ err: e, shard, events: events.length }, "events could not be published"); throw e; }
-            await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
+            if (attempt >= 40) { this.log.error({ err: e, shard, events: events.length }, "events could not be published"); throw e; }
+            await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
           }
         }
       }));

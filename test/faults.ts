@@ -255,7 +255,7 @@ export class FaultRig {
   }
 
   /** The checks every scenario makes; returns the figures for the report. */
-  async verdict(oneShotNames: string[]): Promise<{ lost: string[]; doubledSlots: Array<Record<string, unknown>>; doubledRuns: string[]; timedOutButDone: string[] }> {
+  async verdict(oneShotNames: string[]): Promise<{ lost: string[]; doubledSlots: Array<Record<string, unknown>>; doubledRuns: string[]; timedOutButDone: string[]; lateAfterTimeout: string[] }> {
     const doneOneShots = new Set(this.completions.map((c) => c.task));
     const lost = oneShotNames.filter((n) => !doneOneShots.has(n));
     const doubledSlots = await this.db(async (c) => (await c.query(
@@ -265,8 +265,13 @@ export class FaultRig {
     const seen = new Map<string, number>();
     for (const c of this.completions) seen.set(c.runId, (seen.get(c.runId) ?? 0) + 1);
     const doubledRuns = [...seen].filter(([, n]) => n > 1).map(([id]) => id);
-    const done = new Set(this.completions.map((c) => c.runId));
-    const timedOut = await this.db(async (c) => (await c.query(`select id from runs where state = 'timed_out'`)).rows.map((r) => r.id as string));
+      // Timed out although the executor had finished it before the timeout was recorded (its
+    // completion sat unread). A completion after the recorded timeout is a late outcome, not this.
+    const timedOut = await this.db(async (c) => (await c.query(`select id, task_name, fired_ms, started_ms, finished_ms, error, late_outcome from runs where state = 'timed_out'`)).rows);
+    const finishedAt = new Map(this.completions.map((c) => [c.runId, c.finishedAt]));
+    const unread = timedOut.filter((r) => finishedAt.has(r.id) && finishedAt.get(r.id)! < Number(r.finished_ms));
+    const late = timedOut.filter((r) => finishedAt.has(r.id) && finishedAt.get(r.id)! >= Number(r.finished_ms));
+    if (unread.length || late.length) process.stdout.write(`[fault] timed_out runs the executor completed: ${JSON.stringify({ unread: unread.map((r) => ({ ...r, executorFinished: finishedAt.get(r.id) })), late: late.map((r) => ({ ...r, executorFinished: finishedAt.get(r.id) })) })}\n`);
     if (lost.length) {
       // What PostgreSQL says about them: the first thing to read when a one-shot went missing.
       const rows = await this.db(async (c) => (await c.query(
@@ -274,7 +279,7 @@ export class FaultRig {
            from tasks t where t.name = any($1)`, [lost])).rows);
       process.stdout.write(`[fault] lost one-shots: ${JSON.stringify(rows)}\n`);
     }
-    return { lost, doubledSlots, doubledRuns, timedOutButDone: timedOut.filter((id) => done.has(id)) };
+    return { lost, doubledSlots, doubledRuns, timedOutButDone: unread.map((r) => r.id as string), lateAfterTimeout: late.map((r) => r.id as string) };
   }
 
   logLines(): Array<Record<string, unknown>> {
@@ -316,6 +321,7 @@ export interface ScenarioReport {
   doubledSlots: number;
   doubledRuns: number;
   timedOutButDone: number;
+  lateAfterTimeout: number;
   completions: number;
   nodeAlive: boolean;
   warnings: Record<string, number>;
@@ -340,7 +346,7 @@ export async function runScenario(name: string, fault: (rig: FaultRig) => Promis
     const verdict = await rig.verdict(oneShotNames);
     const report: ScenarioReport = {
       scenario: name, recoveryMs: rig.recoveryMs(backAt, everyNames), lost: verdict.lost.length, doubledSlots: verdict.doubledSlots.length,
-      doubledRuns: verdict.doubledRuns.length, timedOutButDone: verdict.timedOutButDone.length, completions: rig.completions.length,
+      doubledRuns: verdict.doubledRuns.length, timedOutButDone: verdict.timedOutButDone.length, lateAfterTimeout: verdict.lateAfterTimeout.length, completions: rig.completions.length,
       nodeAlive: rig.nodeAlive(), warnings: rig.logSummary(),
     };
     // One line per scenario in the test output: the figures the issue asks for.

@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchSchema, EventCatchUp, decode, derivedRunId, encode, jetStreamProgress, newRunId, shardEventsConsumer, shardTriggerConsumer,
+  DependencyTriggerSchema, EventBatchSchema, EventCatchUp, connectionUptime, decode, derivedRunId, encode, jetStreamProgress, newRunId, shardEventsConsumer, shardTriggerConsumer,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -154,7 +154,7 @@ export class ShardActor {
     this.log = deps.log.child({ shard, epoch });
     this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
     this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
-    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream, shardEventsConsumer(shard)), deps.clock, this.log);
+    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream, shardEventsConsumer(shard)), deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
       onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),

@@ -21,7 +21,12 @@ export class DueIndex {
   readonly redis: Redis;
   private readonly n: ReturnType<typeof names>;
   constructor(redisUrl: string, readonly namespace: string) {
-    this.redis = new Redis(redisUrl, { maxRetriesPerRequest: 3, lazyConnect: false, enableAutoPipelining: true });
+    this.redis = new Redis(redisUrl, {
+      maxRetriesPerRequest: 3, lazyConnect: false, enableAutoPipelining: true,
+      // ioredis backs off up to 5 s between reconnects: a Redis back after an outage would wait
+      // that long. Capped at 1 s (jittered) so firing resumes within about a second.
+      retryStrategy: (times: number) => Math.min(1000, 50 * 2 ** Math.min(times - 1, 10)) + Math.floor(Math.random() * 100),
+    });
     this.redis.on("error", () => undefined); // reconnects by itself; callers see failed commands
     this.redis.defineCommand("axTakeDue", { numberOfKeys: 1, lua: TAKE_DUE });
     this.n = names(namespace);
