@@ -4,6 +4,8 @@ import { Socket, createServer } from "node:net";
 import { tmpdir, userInfo } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { expect } from "vitest";
 import { AxClient } from "../ops/client.ts";
 import { Executor, type RunContext } from "../protocol/index.ts";
@@ -271,6 +273,7 @@ export class FaultRig {
     const finishedAt = new Map(this.completions.map((c) => [c.runId, c.finishedAt]));
     const unread = timedOut.filter((r) => finishedAt.has(r.id) && finishedAt.get(r.id)! < Number(r.finished_ms));
     const late = timedOut.filter((r) => finishedAt.has(r.id) && finishedAt.get(r.id)! >= Number(r.finished_ms));
+    if (unread.length) await this.natsDiagnostics();
     if (unread.length || late.length) process.stdout.write(`[fault] timed_out runs the executor completed: ${JSON.stringify({ unread: unread.map((r) => ({ ...r, executorFinished: finishedAt.get(r.id) })), late: late.map((r) => ({ ...r, executorFinished: finishedAt.get(r.id) })) })}\n`);
     if (lost.length) {
       // What PostgreSQL says about them: the first thing to read when a one-shot went missing.
@@ -280,6 +283,21 @@ export class FaultRig {
       process.stdout.write(`[fault] lost one-shots: ${JSON.stringify(rows)}\n`);
     }
     return { lost, doubledSlots, doubledRuns, timedOutButDone: unread.map((r) => r.id as string), lateAfterTimeout: late.map((r) => r.id as string) };
+  }
+
+  /** The shard event consumers' positions and the events stream (printed when a completion went unread). */
+  async natsDiagnostics(): Promise<void> {
+    const nc = await connect({ servers: this.nats.url });
+    try {
+      const jsm = await jetstreamManager(nc);
+      const si = await jsm.streams.info("FAULT_EVENTS", { subjects_filter: ">" });
+      const cons: unknown[] = [];
+      for (let s = 0; s < 4; s++) {
+        const ci = await jsm.consumers.info("FAULT_EVENTS", `shard_${s}_events`);
+        cons.push({ shard: s, delivered: ci.delivered, ackFloor: ci.ack_floor, pending: ci.num_pending, ackPending: ci.num_ack_pending, redelivered: ci.num_redelivered, waiting: ci.num_waiting });
+      }
+      process.stdout.write(`[fault] events stream: ${JSON.stringify(si.state)}; consumers: ${JSON.stringify(cons)}\n`);
+    } finally { await nc.close(); }
   }
 
   logLines(): Array<Record<string, unknown>> {
