@@ -172,6 +172,7 @@ export class FaultRig {
   readonly ns = "fault";
   readonly logFile: string;
   private readonly logDir = mkdtempSync(join(tmpdir(), "ax-fault-log-"));
+  httpPort = 0;
 
   constructor(readonly name: string) { this.logFile = join(this.logDir, `${name}-node.log`); }
 
@@ -184,7 +185,8 @@ export class FaultRig {
 
   async start(): Promise<void> {
     [this.pg, this.redis, this.nats] = await Promise.all([PgServer.start(), RedisServer.start(), NatsServer.start()]);
-    this.node = spawn(process.execPath, ["bin/ax.mjs", "node", "--id", `${this.name}-n1`], {
+    this.httpPort = await freePort();
+    this.node = spawn(process.execPath, ["bin/ax.mjs", "node", "--id", `${this.name}-n1`, "--http", String(this.httpPort)], {
       env: { ...process.env, ...this.env }, cwd: process.cwd(), stdio: ["ignore", "ignore", "pipe"],
     });
     this.node.stderr!.pipe(createWriteStream(this.logFile));
@@ -216,6 +218,11 @@ export class FaultRig {
       if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}; node log: ${readFileSync(this.logFile, "utf8").slice(-1000)}`);
       await sleep(200);
     }
+  }
+
+  async readyz(): Promise<{ status: number; body: { ready: boolean; reasons: string[]; failing: Record<string, string> } }> {
+    const r = await fetch(`http://127.0.0.1:${this.httpPort}/readyz`);
+    return { status: r.status, body: await r.json() };
   }
 
   nodeAlive(): boolean { return !!this.node && this.node.exitCode === null && this.node.signalCode === null; }

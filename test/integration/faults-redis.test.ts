@@ -1,20 +1,31 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { expectHealthy, runScenario, type FaultRig } from "../faults.ts";
-import { sleep } from "../helpers.ts";
+import { sleep, waitFor } from "../helpers.ts";
 
 let rig: FaultRig | null = null;
 afterEach(async () => { await rig?.teardown(); rig = null; });
 
 describe("faults: Redis", () => {
   it("restarted empty after 3 s down: the due index is rebuilt, nothing is lost or doubled", async () => {
+    let during: Awaited<ReturnType<FaultRig["readyz"]>> | null = null;
+    let status: { nodes: Array<{ failing: Record<string, string> }> } | null = null;
     const r = await runScenario("redis-restart", async (x) => {
+      expect((await x.readyz()).status).toBe(200);
       await x.redis.stopServer("SIGKILL");
-      await sleep(3000);
+      await sleep(2000);
+      // Honest health: not ready, saying why, and `ax status` names the failing dependency.
+      during = await x.readyz();
+      status = await x.client!.call("status");
+      await sleep(1000);
       await x.redis.startServer();
       return Date.now();
     });
     rig = r.rig;
     expectHealthy(r);
+    expect(during).toMatchObject({ status: 503, body: { ready: false, failing: { redis: expect.any(String) } } });
+    expect(during!.body.reasons.join("; ")).toMatch(/redis unreachable/);
+    expect(status!.nodes[0]!.failing).toHaveProperty("redis");
+    await waitFor(async () => (await r.rig.readyz()).status === 200, 10_000, "ready again");
     const lines = r.rig.logLines();
     expect(lines.filter((l) => l.msg === "dependency:down" && l.dependency === "redis").length).toBeGreaterThanOrEqual(1);
     expect(lines.filter((l) => l.msg === "dependency:up" && l.dependency === "redis").length).toBeGreaterThanOrEqual(1);
