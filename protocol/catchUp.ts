@@ -105,7 +105,7 @@ export class EventCatchUp {
     let target: number | null = null;
     let last = "";
     while (!this.stopped) {
-      const up = this.opts.uptimeMs?.() ?? Infinity;
+      const up = this.opts.uptimeMs ? this.opts.uptimeMs() : Infinity; // null = disconnected now
       try {
         if (up === null || up < (this.opts.settleMs ?? 5000)) throw new Error(up === null ? "NATS disconnected" : `NATS back only ${Math.round(up)}ms ago; executors may still be publishing`);
         target ??= await this.progress.streamLastSeq();
