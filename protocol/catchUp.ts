@@ -124,3 +124,58 @@ export class EventCatchUp {
     return "stopped";
   }
 }
+
+/** One sample of a consumer's position (see {@link ConsumerWatch}). */
+export interface ConsumerSample { pending: number; ackPending: number; deliveredSeq: number; ackFloorSeq: number; atMono: number }
+
+/**
+ * Whether a consumer looks stuck between two samples: messages wait for it (`pending` > 0)
+ * but it delivered nothing new for `quietMs`, and nothing it delivered is waiting for an ack
+ * (which would mean the reader is merely slow). This is the shape of the "events sit in the
+ * stream while the consumer shows nothing" failure seen after a nats-server restart.
+ */
+export function consumerStalled(prev: ConsumerSample, cur: ConsumerSample, quietMs: number): boolean {
+  return cur.pending > 0 && cur.ackPending === 0 && cur.deliveredSeq === prev.deliveredSeq && cur.atMono - prev.atMono >= quietMs;
+}
+
+/**
+ * Proposed for the shard actor (not wired yet): samples the shard's event consumer every
+ * `everyMs` and calls `onStalled(why)` when {@link consumerStalled} holds or the consumer is
+ * gone; the owner then fences the shard and restarts it, which re-binds (or, via
+ * ensureShardConsumers, recreates) the durable. `onStalled` is called once per stall.
+ */
+export class ConsumerWatch {
+  private timer: ReturnType<Clock["setTimeout"]> | null = null;
+  private prev: ConsumerSample | null = null;
+  private stopped = false;
+  constructor(
+    private readonly sample: () => Promise<Omit<ConsumerSample, "atMono"> | null>,
+    private readonly clock: Clock,
+    private readonly onStalled: (why: string) => void,
+    private readonly opts: { everyMs?: number; quietMs?: number } = {},
+  ) {}
+
+  start(): void { this.schedule(); }
+  stop(): void { this.stopped = true; if (this.timer) this.clock.clearTimeout(this.timer); }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = this.clock.setTimeout(() => { void this.tick().finally(() => this.schedule()); }, this.opts.everyMs ?? 5000);
+  }
+
+  private async tick(): Promise<void> {
+    let s: Omit<ConsumerSample, "atMono"> | null;
+    try { s = await this.sample(); } catch { return; } // JetStream unreachable: the health monitor reports that
+    if (this.stopped) return;
+    if (s === null) { this.stopped = true; this.onStalled("the consumer does not exist"); return; }
+    const cur = { ...s, atMono: this.clock.monotonic() };
+    const prev = this.prev;
+    if (prev && consumerStalled(prev, cur, this.opts.quietMs ?? 10_000)) {
+      this.stopped = true;
+      this.onStalled(`${cur.pending} event message(s) pending but nothing delivered for ${Math.round(cur.atMono - prev.atMono)}ms (delivered seq ${cur.deliveredSeq})`);
+      return;
+    }
+    // Keep the older sample while nothing moved, so "quiet for quietMs" spans several ticks.
+    if (!prev || cur.deliveredSeq !== prev.deliveredSeq || cur.pending === 0) this.prev = cur;
+  }
+}

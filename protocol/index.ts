@@ -8,5 +8,5 @@ export {
   ensureStreams, ensureExecutorConsumer, ensureShardConsumers, dropStreams,
   shardEventsConsumer, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
-export { EventCatchUp, connectionUptime, jetStreamProgress, type ConsumerProgress } from "./catchUp.ts";
+export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { Executor, NonRetryableError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";

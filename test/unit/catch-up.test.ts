@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { SystemClock, silentLogger } from "../../common/index.ts";
-import { EventCatchUp, type ConsumerProgress } from "../../protocol/index.ts";
+import { EventCatchUp, consumerStalled, type ConsumerProgress, type ConsumerSample } from "../../protocol/index.ts";
 
 /** A consumer whose position the test moves by hand. */
 function fakeProgress() {
@@ -58,5 +58,16 @@ describe("EventCatchUp", () => {
     const c = new EventCatchUp(counting, clock, silentLogger, { pollMs: 5 });
     await Promise.all([wait(c), wait(c), wait(c)]);
     expect(calls).toBe(1);
+  });
+});
+
+describe("consumerStalled", () => {
+  const at = (o: Partial<ConsumerSample>): ConsumerSample => ({ pending: 0, ackPending: 0, deliveredSeq: 5, ackFloorSeq: 5, atMono: 0, ...o });
+  it("is stuck only with messages pending, nothing delivered for the quiet time and nothing unacked", () => {
+    expect(consumerStalled(at({}), at({ pending: 3, atMono: 10_000 }), 10_000)).toBe(true);
+    expect(consumerStalled(at({}), at({ pending: 3, atMono: 9_000 }), 10_000)).toBe(false); // not quiet long enough
+    expect(consumerStalled(at({}), at({ pending: 0, atMono: 20_000 }), 10_000)).toBe(false); // idle, nothing to deliver
+    expect(consumerStalled(at({}), at({ pending: 3, deliveredSeq: 6, atMono: 20_000 }), 10_000)).toBe(false); // moving
+    expect(consumerStalled(at({}), at({ pending: 3, ackPending: 2, atMono: 20_000 }), 10_000)).toBe(false); // reader slow, not the consumer
   });
 });
