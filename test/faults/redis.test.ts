@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { expectHealthy, runScenario, type FaultRig } from "../faults.ts";
+import { expectHealthy, runScenario, type FaultRig } from "./rig.ts";
 import { sleep, waitFor } from "../helpers.ts";
 
 let rig: FaultRig | null = null;

@@ -7,9 +7,9 @@ import pg from "pg";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { expect } from "vitest";
-import { AxClient } from "../ops/client.ts";
-import { Executor, type RunContext } from "../protocol/index.ts";
-import { sleep, waitFor } from "./helpers.ts";
+import { AxClient } from "../../ops/client.ts";
+import { Executor, type RunContext } from "../../protocol/index.ts";
+import { sleep, waitFor } from "../helpers.ts";
 
 /**
  * The fault tests' own servers: a PostgreSQL cluster (initdb + pg_ctl), a Redis and a NATS
