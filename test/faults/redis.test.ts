@@ -12,11 +12,12 @@ describe("faults: Redis", () => {
     const r = await runScenario("redis-restart", async (x) => {
       expect((await x.readyz()).status).toBe(200);
       await x.redis.stopServer("SIGKILL");
-      await sleep(2000);
+      const t0 = Date.now();
       // Honest health: not ready, saying why, and `ax status` names the failing dependency.
-      during = await x.readyz();
+      // Redis stays down until the node says so (or 15 s), so a slow machine cannot race it.
+      await waitFor(async () => (during = await x.readyz()).status === 503, 15_000, "readyz 503 while Redis is down").catch(() => undefined);
       status = await x.client!.call("status");
-      await sleep(1000);
+      await sleep(Math.max(0, 3000 - (Date.now() - t0)));
       await x.redis.startServer();
       return Date.now();
     });
