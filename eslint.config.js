@@ -5,7 +5,7 @@ import tseslint from "typescript-eslint";
 import importX from "eslint-plugin-import-x";
 
 export default tseslint.config(
-  { ignores: ["node_modules/**", "dist/**", "examples/**", "protocol/schema/**", "bin/**", "eslint.config.js", "vitest.config.ts"] },
+  { ignores: ["node_modules/**", "dist/**", "examples/**", "protocol/schema/**", "bin/**", "eslint.config.js", "vitest.config.ts", "vitest.faults.config.ts"] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

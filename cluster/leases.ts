@@ -54,14 +54,26 @@ export class LeaseTable {
     if (this.held.has(shard)) return null;
     // The server stamps the key between send and reply: counting from the send is the safe side.
     const sent = this.clock.monotonic();
+    let rev: number;
     try {
-      const rev = await this.kv.create(LeaseTable.key(shard), this.nodeId);
-      const lease: Slot = { shard, epoch: rev, revision: rev, renewedMono: sent, op: Promise.resolve(), releasing: false };
-      this.held.set(shard, lease);
-      return lease;
+      rev = await this.kv.create(LeaseTable.key(shard), this.nodeId);
     } catch {
-      return null; // someone holds it (or NATS is down): try again on the next round
+      // Our own key still in the bucket: the lease was given up here (renewals went unanswered
+      // during a NATS restart, say) but nobody else can have taken it. Taking it over at its
+      // current revision gives a new epoch at once instead of waiting out the TTL; a renewal
+      // of the old slot still in flight and this update cannot both succeed (same revision).
+      try {
+        const e = await this.kv.get(LeaseTable.key(shard));
+        if (!e || e.operation !== "PUT" || e.string() !== this.nodeId || this.held.has(shard)) return null;
+        rev = await this.kv.update(LeaseTable.key(shard), this.nodeId, e.revision);
+      } catch {
+        return null; // someone holds it (or NATS is down): try again on the next round
+      }
     }
+    if (this.held.has(shard)) return null;
+    const lease: Slot = { shard, epoch: rev, revision: rev, renewedMono: sent, op: Promise.resolve(), releasing: false };
+    this.held.set(shard, lease);
+    return lease;
   }
 
   /** Renews every held lease; returns the shards whose lease is lost (already forgotten here). */

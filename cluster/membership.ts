@@ -13,6 +13,8 @@ export const HeartbeatSchema = z.object({
   stopping: z.boolean(),
   /** False while the node is joining (it owns nothing yet and others hold hand-overs to it back); absent = ready. */
   ready: z.boolean().optional(),
+  /** Dependencies this node cannot reach, with the reason (absent or empty = all reachable). */
+  failing: z.record(z.string(), z.string()).optional(),
 });
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
 

@@ -30,7 +30,16 @@ export interface SupervisorOptions {
   /** Starts the actor of an acquired shard (lease held, epoch recorded in PostgreSQL). */
   startShard: (shard: number, epoch: number) => Promise<ShardHandle>;
   load: () => { firedPerSec: number; inFlight: number; lagMs: number };
+  /**
+   * Dependencies this node cannot reach (name → reason). Published in the heartbeat, and
+   * while anything is failing no shard is acquired: a start would fail, and every attempt
+   * takes a lease and bumps its epoch for nothing.
+   */
+  failing?: () => Record<string, string>;
 }
+
+/** Back-off of a shard whose start (or whose rounds) failed: full jitter over base·2ⁿ, capped. */
+export const START_BACKOFF = { baseMs: 100, capMs: 1000, resetAfterMs: 30_000 };
 
 /** "I released `shard`; `to` should take it now" (core NATS, best effort: the lease bucket is the truth). */
 const HandoverSchema = z.object({ v: z.literal(1), shard: z.number().int(), from: z.string(), to: z.string().nullable() });
@@ -88,7 +97,11 @@ export class ShardSupervisor {
   private lastRefreshMono = -Infinity;
   private refreshNeeded = true;
   readonly startedAt: number;
-  readonly stats = { acquired: 0, released: 0, lost: 0, pauses: 0 };
+  readonly stats = { acquired: 0, released: 0, lost: 0, pauses: 0, startFailures: 0 };
+  /** Shards whose last start or rounds failed: not tried again before `retryAtMono`. */
+  private readonly failures = new Map<number, { n: number; retryAtMono: number; lastMono: number }>();
+  private gateLogged = false;
+  private pinsUnreadable = false;
 
   constructor(private readonly o: SupervisorOptions) {
     this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log);
@@ -143,7 +156,7 @@ export class ShardSupervisor {
   private beat(): void {
     this.members.publish({
       v: 1, id: this.o.nodeId, http: this.o.httpAddress, startedAt: this.startedAt, shards: this.ownedShards(),
-      load: this.o.load(), stopping: this.stopping, ready: !this.stopping && !this.joining(),
+      load: this.o.load(), stopping: this.stopping, ready: !this.stopping && !this.joining(), failing: this.o.failing?.() ?? {},
     });
   }
 
@@ -258,19 +271,52 @@ export class ShardSupervisor {
       this.track(s, () => this.release(s, h, to));
     }
     const now = this.o.clock.monotonic();
+    const failing = this.o.failing?.() ?? {};
+    const gated = Object.keys(failing).length > 0;
+    if (gated !== this.gateLogged) {
+      this.gateLogged = gated;
+      if (gated) this.o.log.warn({ failing }, "not starting shards until the dependencies answer");
+    }
+    let retryAt: number | null = null;
     for (const [s, n] of target) {
+      if (gated) break;
       if (n !== this.o.nodeId || this.owned.has(s) || this.busy.has(s)) continue;
       const hinted = this.hints.get(s)?.to === this.o.nodeId;
       if (owners.has(s) && !(hinted && owners.get(s) !== this.o.nodeId)) continue; // someone else's until it is released or expires
+      const f = this.failures.get(s);
+      if (f && f.retryAtMono > now) { retryAt = Math.min(retryAt ?? Infinity, f.retryAtMono); continue; }
       this.track(s, () => this.acquire(s));
     }
+    if (retryAt !== null) this.wakeAt(retryAt, now);
     // Wake up when the next lease of a node that is gone runs out, not a heartbeat later.
     const next = this.view.nextExpiryMono((owner) => owner !== this.o.nodeId && !live.has(owner));
-    if (next !== null && (!this.wakeTimer || this.wakeTimer.at > next)) {
-      if (this.wakeTimer) this.o.clock.clearTimeout(this.wakeTimer.h);
-      const at = next + 5;
-      this.wakeTimer = { at, h: this.o.clock.setTimeout(() => { this.wakeTimer = null; this.kick(); }, Math.max(0, at - now)) };
-    }
+    if (next !== null) this.wakeAt(next + 5, now);
+  }
+
+  private wakeAt(at: number, now: number): void {
+    if (this.wakeTimer && this.wakeTimer.at <= at) return;
+    if (this.wakeTimer) this.o.clock.clearTimeout(this.wakeTimer.h);
+    this.wakeTimer = { at, h: this.o.clock.setTimeout(() => { this.wakeTimer = null; this.kick(); }, Math.max(0, at - now)) };
+  }
+
+  /** Records a failed start (or a shard that stopped on a failed round) and when to try it again. */
+  private failed(shard: number): { n: number; delayMs: number } {
+    const now = this.o.clock.monotonic();
+    const prev = this.failures.get(shard);
+    const n = prev && now - prev.lastMono < START_BACKOFF.resetAfterMs ? prev.n + 1 : 1;
+    const delayMs = Math.round(Math.random() * Math.min(START_BACKOFF.capMs, START_BACKOFF.baseMs * 2 ** Math.min(n, 20)));
+    this.failures.set(shard, { n, retryAtMono: now + delayMs, lastMono: now });
+    this.stats.startFailures++;
+    return { n, delayMs };
+  }
+
+  /** Shards the assignment gives this node that it does not run (yet). */
+  unownedAssigned(): number[] {
+    if (this.stopping) return [];
+    const { target } = this.desired();
+    const out: number[] = [];
+    for (const [s, n] of target) if (n === this.o.nodeId && !this.owned.has(s)) out.push(s);
+    return out.sort((a, b) => a - b);
   }
 
   /** Runs a per-shard operation without holding up the reconcile; at most PARALLEL run at once. */
@@ -303,8 +349,12 @@ export class ShardSupervisor {
       this.pins = new Map(rows.filter((r) => r.pinnedTo).map((r) => [r.shard, r.pinnedTo!]));
       const r = await this.o.store.pool.query("select value from meta where key = 'drained'");
       this.drained = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      this.pinsUnreadable = false;
     } catch (e) {
-      this.o.log.warn({ err: String(e) }, "could not read pins and drains; using the last known");
+      // Once per outage: it is retried every heartbeat, and the outage has its own line.
+      if (!this.pinsUnreadable) this.o.log.warn({ err: String(e) }, "could not read pins and drains; using the last known");
+      this.pinsUnreadable = true;
+      this.refreshNeeded = true;
     }
   }
 
@@ -318,7 +368,12 @@ export class ShardSupervisor {
       if (!claimed) throw new Error(`epoch ${lease.epoch} not newer than the one recorded in PostgreSQL (was the lease bucket recreated?)`);
       handle = await this.o.startShard(shard, lease.epoch);
     } catch (e) {
-      this.o.log.error({ shard, epoch: lease.epoch, err: String(e) }, "could not start acquired shard; releasing");
+      const { n, delayMs } = this.failed(shard);
+      // The first failure of a streak is an error line; the retries of the same outage are
+      // debug (the outage itself is one dependency:down line), so a long outage is no flood.
+      const line = { shard, epoch: lease.epoch, err: String(e), attempt: n, retryInMs: delayMs };
+      if (n === 1) this.o.log.error(line, "could not start acquired shard; releasing, retrying with back-off");
+      else this.o.log.debug(line, "could not start acquired shard; releasing, retrying with back-off");
       await this.leases.release(shard);
       return;
     }
@@ -331,7 +386,8 @@ export class ShardSupervisor {
     this.owned.set(shard, handle);
     this.hints.delete(shard);
     this.stats.acquired++;
-    this.o.log.info({ shard, epoch: lease.epoch }, "shard:owned");
+    const f = this.failures.get(shard);
+    this.o.log.info({ shard, epoch: lease.epoch, ...(f ? { afterFailures: f.n } : {}) }, "shard:owned");
   }
 
   private async release(shard: number, h: ShardHandle, to: string | null): Promise<void> {
@@ -355,6 +411,9 @@ export class ShardSupervisor {
     if (!h || (epoch !== undefined && h.epoch !== epoch)) return;
     this.owned.delete(shard);
     h.fence();
+    // It stopped on a failed round (a database or Redis error, usually): load it again after a
+    // back-off, not in a loop that takes a new epoch for every attempt.
+    this.failed(shard);
     if (this.leases.get(shard)?.epoch === h.epoch) await this.leases.release(shard);
     this.kick();
   }

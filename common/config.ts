@@ -23,6 +23,7 @@ export interface AxConfig {
   heartbeatMs: number;
   retentionMs: number;
   logLevel: string;
+  replicas: number;
 }
 
 export const ENV_DEFAULTS: Record<string, string> = {
@@ -40,6 +41,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_HEARTBEAT: "1s",
   AX_RETENTION: "7d",
   AX_LOG_LEVEL: "info",
+  AX_REPLICAS: "1",
 };
 
 export const ENV_DOCS: Record<string, string> = {
@@ -60,6 +62,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_HEARTBEAT: "node membership heartbeat interval",
   AX_RETENTION: "how long run history is kept",
   AX_LOG_LEVEL: "pino log level (trace, debug, info, warn, error)",
+  AX_REPLICAS: "JetStream replicas of the streams and the lease bucket: 1 for a single server, 3 for a cluster (odd, at most 5)",
 };
 
 export const NAMESPACE_RE = /^[a-z][a-z0-9_]{0,31}$/;
@@ -225,7 +228,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
     logLevel: get("AX_LOG_LEVEL"),
+    replicas: int("AX_REPLICAS", get("AX_REPLICAS"), 1, 5),
   };
+  // An even count buys no extra failure tolerance over the odd one below it (a RAFT group
+  // needs a majority) and nats-server refuses replicas above 5.
+  if (cfg.replicas % 2 === 0) fail("AX_REPLICAS", get("AX_REPLICAS"), "must be odd (1, 3 or 5): an even count tolerates no more failures than the odd one below it");
   if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(cfg.logLevel)) fail("AX_LOG_LEVEL", cfg.logLevel, "unknown level");
   if (cfg.leaseTtlMs < 1000) fail("AX_LEASE_TTL", get("AX_LEASE_TTL"), "must be at least 1s");
   return cfg;

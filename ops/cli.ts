@@ -210,9 +210,11 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     print(o.json, r, () => r.sentences.join("\n"));
   });
   program.command("status").description("nodes, shards, lag, throughput").option("--json").action(async (o: { json?: boolean }) => {
-    const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number } }>; unowned: number[]; tasks: number; running: number; drained: string[] }>("status"));
-    print(o.json, s, () => [`namespace ${s.namespace}: ${s.nodes.length} node(s), ${s.shardCount} shards (${s.unowned.length} unowned), ${s.tasks} tasks, ${s.running} running${s.drained.length ? `, draining: ${s.drained.join(", ")}` : ""}`,
-      table(s.nodes.map((n) => ({ node: n.id, shards: n.shards.length, firesPerSec: n.load.firedPerSec, inFlight: n.load.inFlight, lagMs: n.load.lagMs, http: n.http })), ["node", "shards", "firesPerSec", "inFlight", "lagMs", "http"])].join("\n"));
+    const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number }; failing?: Record<string, string> }>; unowned: number[]; tasks: number | null; running: number | null; drained: string[] }>("status"));
+    const failing = s.nodes.flatMap((n) => Object.entries(n.failing ?? {}).map(([d, why]) => `  ${n.id}: ${d} unreachable: ${why}`));
+    print(o.json, s, () => [`namespace ${s.namespace}: ${s.nodes.length} node(s), ${s.shardCount} shards (${s.unowned.length} unowned), ${s.tasks ?? "?"} tasks, ${s.running ?? "?"} running${s.drained.length ? `, draining: ${s.drained.join(", ")}` : ""}`,
+      table(s.nodes.map((n) => ({ node: n.id, shards: n.shards.length, firesPerSec: n.load.firedPerSec, inFlight: n.load.inFlight, lagMs: n.load.lagMs, failing: Object.keys(n.failing ?? {}).join(",") || "-", http: n.http })), ["node", "shards", "firesPerSec", "inFlight", "lagMs", "failing", "http"]),
+      ...(failing.length ? ["failing dependencies:", ...failing] : [])].join("\n"));
   });
 
   // ---- shards --------------------------------------------------------------------------------------

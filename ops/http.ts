@@ -16,13 +16,17 @@ async function body(req: IncomingMessage): Promise<Record<string, unknown>> {
   return JSON.parse(Buffer.concat(chunks).toString("utf8")) as Record<string, unknown>;
 }
 
-/** `/healthz`, `/metrics` (Prometheus), `/api/<op>` (GET for reads with query args, POST JSON for all), `/` the dashboard. */
+/** `/healthz` (alive), `/readyz` (503 with the reasons when not ready), `/metrics` (Prometheus), `/api/<op>` (GET for reads with query args, POST JSON for all), `/` the dashboard. */
 export async function startHttp(node: AxNode, port: number): Promise<HttpServer> {
   const server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const url = new URL(req.url ?? "/", "http://localhost");
     const send = (code: number, type: string, data: string) => { res.writeHead(code, { "content-type": type }); res.end(data); };
     void (async () => {
       if (url.pathname === "/healthz") return send(200, "application/json", JSON.stringify({ ok: true, node: node.id, shards: node.ownedShards().length }));
+      if (url.pathname === "/readyz") {
+        const r = node.readiness();
+        return send(r.ready ? 200 : 503, "application/json", JSON.stringify({ ready: r.ready, node: node.id, shards: node.ownedShards().length, reasons: r.reasons, failing: node.failing() }));
+      }
       if (url.pathname === "/metrics") return send(200, node.metrics.registry.contentType, await node.metrics.registry.metrics());
       if (url.pathname === "/" || url.pathname === "/index.html") return send(200, "text/html; charset=utf-8", DASHBOARD_HTML);
       if (url.pathname.startsWith("/api/")) {

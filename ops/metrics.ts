@@ -12,6 +12,9 @@ export function createMetrics() {
     stuck: new Counter({ name: "ax_tasks_stuck_total", help: "Tasks paused because their schedule could not be computed", registers: [registry] }),
     shards: new Gauge({ name: "ax_shards_owned", help: "Shards owned by this node", registers: [registry] }),
     inFlight: new Gauge({ name: "ax_runs_in_flight", help: "Runs in flight on this node", registers: [registry] }),
+    dependencyUp: new Gauge({ name: "ax_dependency_up", help: "1 while this node reaches the dependency (postgres, redis, nats)", labelNames: ["dependency"], registers: [registry] }),
+    dependencyOutages: new Counter({ name: "ax_dependency_outages_total", help: "Outages of a dependency seen by this node", labelNames: ["dependency"], registers: [registry] }),
+    shardStartFailures: new Counter({ name: "ax_shard_start_failures_total", help: "Shard starts (or rounds) that failed and are retried with back-off", registers: [registry] }),
   };
 }
 export type Metrics = ReturnType<typeof createMetrics>;

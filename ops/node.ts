@@ -2,14 +2,30 @@ import { hostname } from "node:os";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { InvalidInputError, RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { AxError, InvalidInputError, RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { connectionUptime, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope } from "./envelope.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
+import { DependencyHealth, type Dependency } from "./health.ts";
+
+/**
+ * Runs one JetStream step of the start-up and, if JetStream does not answer, says what was
+ * waited for and what to check instead of a bare `timeout`.
+ */
+async function waitingFor<T>(what: string, replicas: number, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (e) {
+    const msg = String((e as Error)?.message ?? e);
+    if (e instanceof AxError || !/timeout|timed out|no responders|503|not enabled|unavailable|insufficient resources|no suitable peers/i.test(msg)) throw e;
+    throw new AxError("AX_E_UNAVAILABLE", `JetStream did not answer while ${what} (${msg}): check that nats-server runs with JetStream (-js)` +
+      (replicas > 1 ? ` and that a majority of the servers holding the namespace's streams (AX_REPLICAS=${replicas}) are up and clustered` : ""), { field: "AX_NATS_URL", cause: e });
+  }
+}
 
 const NODE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
@@ -46,6 +62,7 @@ export class AxNode {
   private deps!: DependencyActor;
   private nodeEvents: NodeEvents | null = null;
   private orphanTimer: NodeJS.Timeout | null = null;
+  health: DependencyHealth | null = null;
   private actors = new Map<number, ShardActor>();
   private subs: Subscription[] = [];
   private http: HttpServer | null = null;
@@ -93,10 +110,17 @@ export class AxNode {
     await this.due.check();
     this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
-    const jsm = await jetstreamManager(this.nc);
-    await ensureStreams(jsm, this.names);
-    await ensureShardConsumers(jsm, this.names, this.shardCount);
-    const kv = await new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1 });
+    connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
+    const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
+    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true }));
+    await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
+    const kv = await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1, replicas: c.replicas }));
+    this.health = new DependencyHealth({
+      pool: this.store.pool, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
+      // Back: start the shards that waited for it now rather than on the next heartbeat.
+      onChange: (_d, up) => { if (up) this.supervisor?.kick(); },
+    });
+    this.health.start();
     // The bucket's max age is what really expires leases; it was fixed by the node that created
     // the bucket. Acting on a longer TTL than the bucket's would be unsafe: use the bucket's.
     const bucketTtlMs = (await kv.status()).ttl;
@@ -117,6 +141,7 @@ export class AxNode {
       heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
+      failing: () => this.failing(),
     });
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
@@ -184,7 +209,7 @@ export class AxNode {
     try {
       await actor.start();
     } catch (e) {
-      actor.fence(); // a half-started actor must not keep timers running without a shard
+      actor.fence(`start failed: ${String(e)}`); // a half-started actor must not keep timers running without a shard
       throw e;
     }
     const sub = this.nc.subscribe(this.names.shardSubject(shard, "cmd"), {
@@ -211,18 +236,45 @@ export class AxNode {
     let m = 0; for (const a of this.actors.values()) m = Math.max(m, a.stats.lastLateMs); return Math.round(m);
   }
 
+  /** Dependencies this node cannot reach right now, with the reason each failed. */
+  failing(): Partial<Record<Dependency, string>> { return this.health?.failing() ?? {}; }
+
+  /**
+   * Ready = alive, not stopping, past joining, owning every shard the assignment gives it
+   * (or none to own), and PostgreSQL, Redis and NATS reachable. `reasons` says what is not.
+   */
+  readiness(): { ready: boolean; reasons: string[] } {
+    const reasons: string[] = [];
+    if (this.stopped) reasons.push("stopping");
+    for (const [d, why] of Object.entries(this.failing())) reasons.push(`${d} unreachable: ${why}`);
+    const sup = this.supervisor as ShardSupervisor | undefined;
+    if (!sup) reasons.push("starting");
+    else if (sup.joining()) reasons.push("joining the cluster");
+    else {
+      const missing = sup.unownedAssigned();
+      if (missing.length) reasons.push(`${missing.length} assigned shard(s) not running yet: ${missing.slice(0, 10).join(", ")}${missing.length > 10 ? ", …" : ""}`);
+    }
+    return { ready: reasons.length === 0, reasons };
+  }
+
   async status(): Promise<unknown> {
     const members = this.supervisor.liveMembers();
-    const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() } };
-    const nodes = [self, ...members.filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load }))];
-    const shards = await this.store.listShards();
-    const executors = await this.store.listExecutors();
-    const r = await this.store.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
-    const drained = (await this.store.pool.query("select value from meta where key = 'drained'")).rows[0]?.value ?? [];
+    const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }, failing: this.failing() };
+    const nodes = [self, ...members.filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load, failing: m.failing ?? {} }))];
+    // Without PostgreSQL the status still answers (which node fails what is the point of asking
+    // then); the counts it cannot read are null.
+    const fromPg = await (async () => {
+      const shards = await this.store.listShards();
+      const executors = await this.store.listExecutors();
+      const r = await this.store.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
+      const drained = ((await this.store.pool.query("select value from meta where key = 'drained'")).rows[0]?.value ?? []) as string[];
+      return { shards: shards.map((s) => s.shard), executors, tasks: r.rows[0].tasks as number, running: r.rows[0].running as number, drained };
+    })().catch(() => null);
+    const shardIds = fromPg?.shards ?? Array.from({ length: this.shardCount }, (_, i) => i);
     return {
-      namespace: this.config.namespace, shardCount: this.shardCount, nodes, drained,
-      unowned: shards.filter((s) => !nodes.some((n) => n.shards.includes(s.shard))).map((s) => s.shard),
-      tasks: r.rows[0].tasks, running: r.rows[0].running, executors,
+      namespace: this.config.namespace, shardCount: this.shardCount, nodes, drained: fromPg?.drained ?? [],
+      unowned: shardIds.filter((s) => !nodes.some((n) => n.shards.includes(s))),
+      tasks: fromPg?.tasks ?? null, running: fromPg?.running ?? null, executors: fromPg?.executors ?? [],
       firedPerSec: nodes.reduce((n, x) => n + x.load.firedPerSec, 0),
       persister: this.persister.stats,
       events: this.nodeEvents?.stats ?? null,
@@ -235,6 +287,7 @@ export class AxNode {
     this.log.info("node stopping: no new fires, flushing, releasing leases");
     if (this.pruneTimer) clearInterval(this.pruneTimer);
     if (this.orphanTimer) clearInterval(this.orphanTimer);
+    this.health?.stop();
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
     await this.nodeEvents?.stop();
     await this.deps?.stop();

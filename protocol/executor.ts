@@ -34,6 +34,8 @@ export interface ExecutorOptions {
   concurrency?: number;
   namespace?: string;
   natsUrl?: string;
+  /** Replicas of the streams if this executor is the first to create them (default AX_REPLICAS, else 1). */
+  replicas?: number;
   /** Reuse a connection instead of opening one. */
   connection?: NatsConnection;
   instance?: string;
@@ -173,7 +175,7 @@ export class Executor {
     }
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);
-    await ensureStreams(jsm, this.n);
+    await ensureStreams(jsm, this.n, { replicas: this.opts.replicas ?? (Number(process.env.AX_REPLICAS) || 1) });
     const durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
     if (this.opts.register !== false) void this.registerLoop();
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
@@ -353,12 +355,14 @@ export class Executor {
           : [this.n.eventsSubject(route.shard), encode({ v: 1, executor: this.name, instance: this.instance, shard: route.shard, events })];
         for (let attempt = 0; ; attempt++) {
           try {
-            await this.js!.publish(subject, data, { msgID, timeout: 5000 });
+            // A short timeout: a publish sent into a connection that just dropped is never
+            // answered, and waiting 5 s for that delayed completions by as much after a NATS restart.
+            await this.js!.publish(subject, data, { msgID, timeout: 2000 });
             return;
           } catch (e) {
             // Same msgID on retry: JetStream de-duplicates a publish that did land.
-            if (attempt >= 20) { this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published"); throw e; }
-            await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
+            if (attempt >= 40) { this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published"); throw e; }
+            await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
           }
         }
       }));

@@ -8,4 +8,5 @@ export {
   ensureStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
+export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { Executor, NonRetryableError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";

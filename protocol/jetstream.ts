@@ -1,5 +1,12 @@
 import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type JetStreamManager } from "@nats-io/jetstream";
-import type { Names } from "../common/index.ts";
+import { AxError, type Names } from "../common/index.ts";
+
+export interface EnsureStreamsOptions {
+  /** `num_replicas` of a stream created here (AX_REPLICAS); consumers inherit it. */
+  replicas?: number;
+  /** A node (not an executor) also changes existing streams to `replicas`. */
+  reconcileReplicas?: boolean;
+}
 
 function isNotFound(e: unknown): boolean {
   const msg = String((e as Error)?.message ?? e);
@@ -14,20 +21,29 @@ function isNotFound(e: unknown): boolean {
  *   message is kept until every consumer interested in its subject acked it. Consumers are
  *   created with the streams (ensureShardConsumers) so no event is published before its reader exists.
  */
-export async function ensureStreams(jsm: JetStreamManager, n: Names): Promise<void> {
+export async function ensureStreams(jsm: JetStreamManager, n: Names, opts: EnsureStreamsOptions = {}): Promise<void> {
+  const replicas = opts.replicas ?? 1;
   const want = [
     { name: n.dispatchStream, subjects: [n.dispatchWildcard], retention: RetentionPolicy.Workqueue },
     { name: n.eventsStream, subjects: [n.eventsWildcard, n.outcomeWildcard, n.triggerWildcard], retention: RetentionPolicy.Interest },
   ];
   for (const s of want) {
     try {
-      await jsm.streams.info(s.name);
+      const info = await jsm.streams.info(s.name);
+      if (opts.reconcileReplicas && info.config.num_replicas !== replicas) {
+        // A cluster grown from one server (or AX_REPLICAS changed): the server moves the data.
+        try {
+          await jsm.streams.update(s.name, { ...info.config, num_replicas: replicas });
+        } catch (e) {
+          throw new AxError("AX_E_CONFIG", `stream ${s.name} has ${info.config.num_replicas} replica(s) and AX_REPLICAS=${replicas}; changing it failed: ${String((e as Error).message ?? e)}`, { field: "AX_REPLICAS", value: replicas });
+        }
+      }
     } catch (e) {
       if (!isNotFound(e)) throw e;
       try {
         await jsm.streams.add({
           name: s.name, subjects: s.subjects, retention: s.retention, storage: StorageType.File,
-          duplicate_window: 120_000_000_000, max_age: 7 * 24 * 3600 * 1_000_000_000,
+          duplicate_window: 120_000_000_000, max_age: 7 * 24 * 3600 * 1_000_000_000, num_replicas: replicas,
         });
       } catch (e2) {
         if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;

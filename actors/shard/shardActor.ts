@@ -2,7 +2,8 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamClient, type ConsumerMessages } from "@nats-io/jetstream";
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchV1Schema, decode, derivedRunId, encode, ensureShardConsumer, newRunId, runToken, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
+  DependencyTriggerSchema, EventBatchV1Schema, EventCatchUp, connectionUptime, decode, derivedRunId, encode, ensureShardConsumer, jetStreamProgress, newRunId, runToken,
+  nodeEventsConsumer, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -174,6 +175,9 @@ export class ShardActor implements EventSink {
   private readonly leadMs: number;
   /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
   private acquiredMs = Infinity;
+  /** Timeouts wait until the events published before them are read (see EventCatchUp). */
+  private readonly catchUp: EventCatchUp;
+  private readonly timeoutCheckedFrom = new Map<string, number>();
   private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0 };
 
@@ -185,6 +189,10 @@ export class ShardActor implements EventSink {
     this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
     this.leadMs = Math.max(0, Math.min(deps.leadMs ?? 100, this.horizonMs / 2));
     this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
+    // The shard's events come through its node's consumer (v2) and its own (v1, forwarded): a
+    // timeout waits until both have applied what was published before it.
+    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream, shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId)),
+      deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
       onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),
@@ -648,7 +656,18 @@ export class ShardActor implements EventSink {
 
   private onTimeout(round: Round, runId: string, now: number): void {
     const run = this.inFlight.get(runId);
-    if (!run) return;
+    if (!run) { this.timeoutCheckedFrom.delete(runId); return; }
+    const from = this.timeoutCheckedFrom.get(runId) ?? now;
+    if (!this.catchUp.covers(from)) {
+      // Its completion may sit unread in the events stream (a reload after an outage, a lagging consumer).
+      this.timeoutCheckedFrom.set(runId, from);
+      this.catchUp.request((unconfirmed) => {
+        if (unconfirmed) this.timeoutCheckedFrom.set(runId, -Infinity);
+        this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
+      });
+      return;
+    }
+    this.timeoutCheckedFrom.delete(runId);
     if (!this.live.has(run.taskId)) {
       // Adopted at load: the task row comes with the next round.
       void this.d.store.fetchTasks(this.shard, [run.taskId]).then((rows) => {
@@ -806,7 +825,7 @@ export class ShardActor implements EventSink {
     if (stale) {
       this.log.error("epoch is no longer current: write refused, shard stops");
       for (const m of round.acks) m.nak();
-      this.fence("epoch no longer current");
+      this.fence("epoch is no longer current");
       this.d.onFenced(this.shard);
       return;
     }
@@ -972,13 +991,15 @@ export class ShardActor implements EventSink {
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
     this.state = "stopped";
+    this.catchUp.stop();
     this.log.info({ returned: back.length }, "shard:released");
   }
 
-  /** Lease lost: stop now, write nothing more. */
-  fence(why = "lease lost"): void {
+  /** Lease lost, or a round/start that failed: stop now, write nothing more. `reason` says which. */
+  fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
+    this.catchUp.stop();
     this.wheel.stop();
     if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
     for (const c of this.consumers) void c.close().catch(() => undefined);
@@ -989,6 +1010,6 @@ export class ShardActor implements EventSink {
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
     }
     this.mail = [];
-    this.log.warn({ why }, why === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
+    this.log.warn({ reason }, reason === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
   }
 }

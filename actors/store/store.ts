@@ -73,6 +73,10 @@ export class Store {
       application_name: `ax:${opts.schema}`, pipeline: true,
     } as pg.PoolConfig);
     this.writePool.on("error", () => undefined);
+    // A client checked out when its connection dies (postmaster killed, `pg_ctl stop -m fast`)
+    // emits 'error' on itself, not on the pool: without a listener of its own that event ends
+    // the process. Its query already fails with the same error, so the caller sees it.
+    for (const p of [this.pool, this.writePool]) p.on("connect", (c) => { c.on("error", () => undefined); });
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }

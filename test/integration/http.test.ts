@@ -18,6 +18,9 @@ afterAll(() => tc.teardown());
 describe("HTTP", () => {
   it("serves health, Prometheus metrics, the dashboard and the API", async () => {
     expect(await (await fetch(`${base}/healthz`)).json()).toMatchObject({ ok: true, node: "h1", shards: tc.config.shardCount });
+    const ready = await fetch(`${base}/readyz`);
+    expect(await ready.json()).toEqual({ ready: true, node: "h1", shards: tc.config.shardCount, reasons: [], failing: {} });
+    expect(ready.status).toBe(200);
     const created = await fetch(`${base}/api/task/create`, { method: "POST", body: JSON.stringify({ name: "web", executor: "hx", every: "1h" }) });
     expect(created.status).toBe(200);
     expect((await created.json()).value).toMatchObject({ name: "web", state: "pending" });

@@ -11,7 +11,7 @@ describe("configuration", () => {
   });
   it.each([
     ["AX_NAMESPACE", "Bad-Name"], ["AX_NAMESPACE", "x".repeat(40)], ["AX_NATS_URL", "http://x"], ["AX_PG_URL", "nope"],
-    ["AX_SHARDS", "0"], ["AX_SHARDS", "12.5"], ["AX_LEASE_TTL", "6x"], ["AX_LEASE_TTL", "100ms"], ["AX_LOG_LEVEL", "loud"],
+    ["AX_SHARDS", "0"], ["AX_SHARDS", "12.5"], ["AX_LEASE_TTL", "6x"], ["AX_LEASE_TTL", "100ms"], ["AX_LOG_LEVEL", "loud"], ["AX_REPLICAS", "0"], ["AX_REPLICAS", "2"], ["AX_REPLICAS", "7"], ["AX_REPLICAS", "three"],
   ])("refuses %s=%s naming the variable and value", (k, v) => {
     try { loadConfig({ [k]: v }); expect.unreachable(); } catch (e) {
       expect(e).toMatchObject({ code: "AX_E_CONFIG", field: k, value: v });
