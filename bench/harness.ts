@@ -2,9 +2,8 @@ import { fork, type ChildProcess } from "node:child_process";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
-import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { loadConfig, names, type AxConfig } from "../common/index.ts";
+import { connectNats, loadConfig, names, type AxConfig } from "../common/index.ts";
 import { AxClient } from "../ops/client.ts";
 import { Executor, dropStreams, type RunContext } from "../protocol/index.ts";
 import { Store, DueIndex } from "../actors/index.ts";
@@ -63,10 +62,10 @@ export class AxBench {
   static async start(opts: AxBenchOptions): Promise<AxBench> {
     const b = new AxBench(opts);
     await b.startNode();
-    b.client = await AxClient.connect(b.config.natsUrl, b.ns);
+    b.client = await AxClient.connect(b.config.nats, b.ns);
     await b.client.call("executor.register", { name: EXECUTOR, maxInFlight: opts.maxInFlight });
     b.executor = new Executor({
-      name: EXECUTOR, namespace: b.ns, natsUrl: b.config.natsUrl, concurrency: opts.executorConcurrency, register: false,
+      name: EXECUTOR, namespace: b.ns, nats: b.config.nats, concurrency: opts.executorConcurrency, register: false,
       ...(opts.eventFlushMs !== undefined ? { eventFlushMs: opts.eventFlushMs } : {}),
       handler: (ctx) => b.onRun(ctx),
     });
@@ -207,7 +206,7 @@ export async function teardownNamespace(config: AxConfig): Promise<void> {
   await store.dropNamespace().catch(() => undefined).finally(() => store.close());
   const due = new DueIndex(config.redisUrl, config.namespace);
   await due.dropNamespace().catch(() => undefined).finally(() => due.close());
-  const nc = await connect({ servers: config.natsUrl });
+  const nc = await connectNats(config.nats);
   try { await dropStreams(await jetstreamManager(nc), names(config.namespace)); } finally { await nc.close(); }
 }
 

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { Command, Option, CommanderError } from "commander";
-import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, createLogger, loadConfig, parseDuration } from "../common/index.ts";
+import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, NATS_AUTH_DOCS, createLogger, loadConfig, parseDuration, redact } from "../common/index.ts";
 import { Executor } from "../protocol/index.ts";
 import { AxClient } from "./client.ts";
 import { AxNode } from "./node.ts";
@@ -8,16 +8,30 @@ import { demoHandler } from "./demoExecutor.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
+const AUTH_CODES = new Set(["AX_E_AUTH", "AX_E_FORBIDDEN"]);
 
-/** Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by state (e.g. task is running). */
+/**
+ * Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by
+ * state (e.g. task is running), 4 credentials missing or refused, or not permitted.
+ */
 export function exitCodeOf(e: unknown): number {
-  if (e instanceof AxError) return USAGE_CODES.has(e.code) ? 2 : CONFLICT_CODES.has(e.code) ? 3 : 1;
+  if (e instanceof AxError) return USAGE_CODES.has(e.code) || e.code === "AX_E_TOO_LARGE" ? 2 : CONFLICT_CODES.has(e.code) ? 3 : AUTH_CODES.has(e.code) ? 4 : 1;
   return 1;
 }
 
 function envHelp(): string {
-  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]} [${ENV_DEFAULTS[k]}]`).join("\n") + "\n";
+  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]} [${ENV_DEFAULTS[k]}]`).join("\n") +
+    "\n" + Object.keys(NATS_AUTH_DOCS).map((k) => `  ${k.padEnd(18)} ${NATS_AUTH_DOCS[k]}`).join("\n") + "\n";
 }
+
+/** Global flags → the variables they override. */
+const GLOBAL_FLAGS: Array<[flag: string, opt: string, variable: string]> = [
+  ["--nats <url>", "nats", "AX_NATS_URL"], ["--namespace <ns>", "namespace", "AX_NAMESPACE"],
+  ["--nats-user <user>", "natsUser", "AX_NATS_USER"], ["--nats-password <password>", "natsPassword", "AX_NATS_PASSWORD"],
+  ["--nats-token <token>", "natsToken", "AX_NATS_TOKEN"], ["--nats-nkey <seed-or-file>", "natsNkey", "AX_NATS_NKEY"],
+  ["--nats-creds <file>", "natsCreds", "AX_NATS_CREDS"], ["--nats-tls-ca <file>", "natsTlsCa", "AX_NATS_TLS_CA"],
+  ["--nats-tls-cert <file>", "natsTlsCert", "AX_NATS_TLS_CERT"], ["--nats-tls-key <file>", "natsTlsKey", "AX_NATS_TLS_KEY"],
+];
 
 function parseJsonFlag(field: string, s: string | undefined): unknown {
   if (s === undefined) return undefined;
@@ -40,19 +54,21 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   program.description("ax (Auto eXecution): a distributed task scheduler on NATS JetStream, PostgreSQL and Redis.\n" +
     "Tasks say what to run (an executor + payload); triggers say when (cron, fixed rate, fixed delay, once);\n" +
     "nodes fire them exactly once in effect and record every run, so `ax why RUN` can explain it.")
-    .addOption(new Option("--nats <url>", "NATS URL (AX_NATS_URL)"))
-    .addOption(new Option("--namespace <ns>", "namespace (AX_NAMESPACE)"))
     .showHelpAfterError("(run with --help for usage)")
     .addHelpText("after", envHelp() + "\nExamples:\n  ax node --http 8080\n  ax executor demo --name demo\n  ax task create hello --executor demo --every 10s\n  ax runs hello\n  ax why <run-id>\n");
+  for (const [flag, , variable] of GLOBAL_FLAGS) program.addOption(new Option(flag, `${variable.startsWith("AX_NATS_") && variable !== "AX_NATS_URL" ? "NATS " : ""}(${variable})`));
   program.exitOverride();
 
-  const cfg = () => {
-    const g = program.opts<{ nats?: string; namespace?: string }>();
-    return loadConfig(process.env, { ...(g.nats ? { AX_NATS_URL: g.nats } : {}), ...(g.namespace ? { AX_NAMESPACE: g.namespace } : {}) });
+  const flagOverrides = (): Record<string, string> => {
+    const g = program.opts<Record<string, string | undefined>>();
+    const out: Record<string, string> = {};
+    for (const [, opt, variable] of GLOBAL_FLAGS) if (g[opt]) out[variable] = g[opt];
+    return out;
   };
+  const cfg = () => loadConfig(process.env, flagOverrides());
   async function withClient<T>(fn: (c: AxClient) => Promise<T>): Promise<T> {
     const c = cfg();
-    const client = await AxClient.connect(c.natsUrl, c.namespace);
+    const client = await AxClient.connect(c.nats, c.namespace);
     try { return await fn(client); } finally { await client.close(); }
   }
   const print = (json: boolean | undefined, value: unknown, human: () => string) => out(json ? JSON.stringify(value, null, 2) : human());
@@ -62,10 +78,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   node.option("--id <id>", "node id (default: host-pid)").option("--http <port>", "serve /healthz, /metrics, /api and the dashboard on this port (0 = any)")
     .option("--shards <n>", "shard count if this node creates the cluster (AX_SHARDS)")
     .action(async (o: { id?: string; http?: string; shards?: string }) => {
-      const config = loadConfig(process.env, {
-        ...(program.opts().nats ? { AX_NATS_URL: program.opts().nats } : {}), ...(program.opts().namespace ? { AX_NAMESPACE: program.opts().namespace } : {}),
-        ...(o.shards ? { AX_SHARDS: o.shards } : {}),
-      });
+      const config = loadConfig(process.env, { ...flagOverrides(), ...(o.shards ? { AX_SHARDS: o.shards } : {}) });
       const httpPort = o.http === undefined ? null : Number(o.http);
       if (httpPort !== null && (!Number.isInteger(httpPort) || httpPort < 0 || httpPort > 65535)) throw new InvalidInputError("--http", o.http, "not a port number");
       const n = new AxNode({ config, ...(o.id ? { nodeId: o.id } : {}), httpPort });
@@ -100,7 +113,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
       const log = createLogger({ level: c.logLevel, name: "ax-executor" });
       const ackWaitMs = parseDuration("--ack-wait", o.ackWait);
-      const ex = new Executor({ name: o.name, namespace: c.namespace, natsUrl: c.natsUrl, concurrency, logger: log, ackWaitMs,
+      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs,
         handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
       await ex.start();
       process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);
@@ -240,7 +253,8 @@ export async function main(argv: string[]): Promise<number> {
       if (e.code === "commander.helpDisplayed" || e.code === "commander.help" || e.code === "commander.version") return 0;
       return 2; // commander already printed the reason
     }
-    process.stderr.write(`ax: ${e instanceof Error ? e.message : String(e)}\n`);
+    // Whatever the failure quotes (a driver's message, a URL), no configured secret is printed.
+    process.stderr.write(`ax: ${redact(e instanceof Error ? e.message : String(e))}\n`);
     return exitCodeOf(e);
   }
 }

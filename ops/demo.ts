@@ -17,7 +17,7 @@ await node.start().catch((e: unknown) => {
   process.stderr.write(`ax demo: ${e instanceof Error ? e.message : String(e)}\n`);
   process.exit(e instanceof AxError && e.code === "AX_E_CONFIG" ? 2 : 1);
 });
-const ex = new Executor({ name: "demo", namespace: config.namespace, natsUrl: config.natsUrl, logger: log, handler: demoHandler({ sleepMs: 300, failRate: 0, log }) });
+const ex = new Executor({ name: "demo", namespace: config.namespace, nats: config.nats, logger: log, handler: demoHandler({ sleepMs: 300, failRate: 0, log }) });
 await ex.start();
 await ex.registered;
 

@@ -1,8 +1,8 @@
 import { hostname } from "node:os";
-import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
@@ -81,7 +81,7 @@ export class AxNode {
     this.shardCount = await this.store.initShardCount(c.shardCount);
     if (this.shardCount !== c.shardCount) this.log.info({ shardCount: this.shardCount }, "cluster shard count was fixed at creation; using it");
     this.due = new DueIndex(c.redisUrl, c.namespace);
-    this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
+    this.nc = await connectNats(c.nats, { name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);
     await ensureStreams(jsm, this.names);

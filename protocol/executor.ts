@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
-import { names, silentLogger, type Logger, type Names } from "../common/index.ts";
+import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
 import { DispatchBatchSchema, DispatchRunSchema, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 
@@ -34,6 +34,12 @@ export interface ExecutorOptions {
   concurrency?: number;
   namespace?: string;
   natsUrl?: string;
+  /**
+   * Servers, credentials and TLS (see loadNatsSettings). Default: from the environment
+   * (AX_NATS_URL, AX_NATS_USER/PASSWORD, AX_NATS_TOKEN, AX_NATS_NKEY, AX_NATS_CREDS, AX_NATS_TLS_*),
+   * with `natsUrl` over AX_NATS_URL.
+   */
+  nats?: NatsSettings;
   /** Reuse a connection instead of opening one. */
   connection?: NatsConnection;
   instance?: string;
@@ -153,7 +159,8 @@ export class Executor {
   async start(): Promise<void> {
     if (this.opts.connection) this.nc = this.opts.connection;
     else {
-      this.nc = await connect({ servers: (this.opts.natsUrl ?? process.env.AX_NATS_URL ?? "nats://127.0.0.1:4222").split(","), name: `ax-executor:${this.name}` });
+      const s = this.opts.nats ?? loadNatsSettings(process.env, this.opts.natsUrl ? { AX_NATS_URL: this.opts.natsUrl } : {});
+      this.nc = await connectNats(s, { name: `ax-executor:${this.name}` });
       this.ownsConnection = true;
     }
     this.js = jetstream(this.nc);
