@@ -41,6 +41,18 @@ export interface AxConfig {
   heartbeatMs: number;
   retentionMs: number;
   logLevel: string;
+  /** HTTP: where to listen; bearer tokens (hashed) file, or null = no tokens (loopback only). */
+  httpHost: string;
+  httpTokensFile: string | null;
+  /** Limits enforced at the edges (HTTP, API): request body, task payload, error text. */
+  limits: Limits;
+}
+
+export interface Limits {
+  httpBodyBytes: number;
+  payloadBytes: number;
+  payloadDepth: number;
+  errorChars: number;
 }
 
 export const ENV_DEFAULTS: Record<string, string> = {
@@ -56,6 +68,11 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_HEARTBEAT: "1s",
   AX_RETENTION: "7d",
   AX_LOG_LEVEL: "info",
+  AX_HTTP_HOST: "127.0.0.1",
+  AX_HTTP_MAX_BODY: "1MB",
+  AX_MAX_PAYLOAD: "64KB",
+  AX_MAX_PAYLOAD_DEPTH: "32",
+  AX_MAX_ERROR_TEXT: "4096",
 };
 
 export const ENV_DOCS: Record<string, string> = {
@@ -71,6 +88,16 @@ export const ENV_DOCS: Record<string, string> = {
   AX_HEARTBEAT: "node membership heartbeat interval",
   AX_RETENTION: "how long run history is kept",
   AX_LOG_LEVEL: "pino log level (trace, debug, info, warn, error)",
+  AX_HTTP_HOST: "HTTP listen address; other than loopback only with AX_HTTP_TOKENS_FILE",
+  AX_HTTP_MAX_BODY: "largest HTTP request body (larger: 413)",
+  AX_MAX_PAYLOAD: "largest task or run payload, as JSON (a run is dispatched in one NATS message)",
+  AX_MAX_PAYLOAD_DEPTH: "deepest nesting of a payload",
+  AX_MAX_ERROR_TEXT: "error texts from executors are cut to this many characters",
+};
+
+/** Optional settings without a default. */
+export const OPTIONAL_DOCS: Record<string, string> = {
+  AX_HTTP_TOKENS_FILE: "bearer tokens for HTTP, one `name role scrypt$…` line each (ax token hash); roles read, operate, admin",
 };
 
 /** NATS credentials and TLS (no defaults; credentials in AX_NATS_URL work too: nats://user:pass@host, nats://token@host). */
@@ -173,6 +200,16 @@ function int(variable: string, value: string, min: number, max: number): number 
   return n;
 }
 
+/** "64KB", "1MB", "512" (bytes); binary multiples. */
+function bytes(variable: string, value: string, min: number, max: number): number {
+  const m = /^(\d+)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g)?$/i.exec(value.trim());
+  if (!m) fail(variable, value, "not a size (e.g. 512, 64KB, 1MB)");
+  const unit = (m[2] ?? "b").toLowerCase()[0];
+  const n = Number(m[1]) * (unit === "k" ? 1024 : unit === "m" ? 1024 ** 2 : unit === "g" ? 1024 ** 3 : 1);
+  if (n < min || n > max) fail(variable, value, `must be between ${min} and ${max} bytes`);
+  return n;
+}
+
 function dur(variable: string, value: string): number {
   try { return parseDuration(variable, value); } catch { fail(variable, value, "not a duration (e.g. 500ms, 10s, 5m)"); }
 }
@@ -197,6 +234,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
     logLevel: get("AX_LOG_LEVEL"),
+    httpHost: get("AX_HTTP_HOST"),
+    httpTokensFile: (overrides.AX_HTTP_TOKENS_FILE ?? env.AX_HTTP_TOKENS_FILE) ? readableFile("AX_HTTP_TOKENS_FILE", (overrides.AX_HTTP_TOKENS_FILE ?? env.AX_HTTP_TOKENS_FILE)!) : null,
+    limits: {
+      httpBodyBytes: bytes("AX_HTTP_MAX_BODY", get("AX_HTTP_MAX_BODY"), 1024, 1024 ** 3),
+      // A run's payload travels in one dispatch message: NATS refuses messages over max_payload (1 MB by default).
+      payloadBytes: bytes("AX_MAX_PAYLOAD", get("AX_MAX_PAYLOAD"), 16, 512 * 1024),
+      payloadDepth: int("AX_MAX_PAYLOAD_DEPTH", get("AX_MAX_PAYLOAD_DEPTH"), 1, 1000),
+      errorChars: int("AX_MAX_ERROR_TEXT", get("AX_MAX_ERROR_TEXT"), 64, 1_000_000),
+    },
   };
   if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(cfg.logLevel)) fail("AX_LOG_LEVEL", cfg.logLevel, "unknown level");
   if (cfg.leaseTtlMs < 1000) fail("AX_LEASE_TTL", get("AX_LEASE_TTL"), "must be at least 1s");

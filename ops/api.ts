@@ -149,7 +149,9 @@ function inItem(e: unknown, i: number): unknown {
 export class Api {
   constructor(private readonly d: ApiDeps) {}
 
-  async call(op: string, args: Record<string, unknown>): Promise<unknown> {
+  /** `ctx.who`: the caller (token name, NATS user) for the audit trail. */
+  async call(op: string, args: Record<string, unknown>, ctx: { who?: string } = {}): Promise<unknown> {
+    void ctx;
     switch (op) {
       case "executor.register": return this.registerExecutor(args);
       case "task.create": return this.createTask(args);

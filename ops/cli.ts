@@ -1,10 +1,11 @@
 import { readFileSync } from "node:fs";
 import { Command, Option, CommanderError } from "commander";
-import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, NATS_AUTH_DOCS, createLogger, loadConfig, parseDuration, redact } from "../common/index.ts";
+import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, NATS_AUTH_DOCS, OPTIONAL_DOCS, createLogger, loadConfig, parseDuration, redact } from "../common/index.ts";
 import { Executor } from "../protocol/index.ts";
 import { AxClient } from "./client.ts";
 import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
+import { hashToken, ROLES, type Role } from "./httpAuth.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
@@ -21,7 +22,7 @@ export function exitCodeOf(e: unknown): number {
 
 function envHelp(): string {
   return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]} [${ENV_DEFAULTS[k]}]`).join("\n") +
-    "\n" + Object.keys(NATS_AUTH_DOCS).map((k) => `  ${k.padEnd(18)} ${NATS_AUTH_DOCS[k]}`).join("\n") + "\n";
+    "\n" + Object.keys({ ...NATS_AUTH_DOCS, ...OPTIONAL_DOCS }).map((k) => `  ${k.padEnd(18)} ${NATS_AUTH_DOCS[k] ?? OPTIONAL_DOCS[k]}`).join("\n") + "\n";
 }
 
 /** Global flags → the variables they override. */
@@ -121,6 +122,24 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
         const stop = () => { void ex.stop().then(resolve); };
         process.once("SIGINT", stop); process.once("SIGTERM", stop);
       });
+    });
+
+  // ---- HTTP tokens ---------------------------------------------------------------------------
+  program.command("token").description("bearer tokens for the HTTP API (AX_HTTP_TOKENS_FILE)").command("hash <name>")
+    .description("make a token: prints the token (give it to the client; it is not stored) and the line to add to AX_HTTP_TOKENS_FILE")
+    .addOption(new Option("--role <role>", "what the token may do: read (reads, /metrics), operate (task writes), admin (shards, drains)").choices([...ROLES]).default("read"))
+    .option("--stdin", "hash the token read from standard input instead of making a new one")
+    .action(async (name: string, o: { role: Role; stdin?: boolean }) => {
+      let secret: string | undefined;
+      if (o.stdin) {
+        const chunks: Buffer[] = [];
+        for await (const c of process.stdin) chunks.push(c as Buffer);
+        const text = Buffer.concat(chunks).toString("utf8").trim();
+        secret = text.startsWith(`${name}.`) ? text.slice(name.length + 1) : text;
+      }
+      const r = await hashToken(name, o.role, secret);
+      out(`token: ${r.token}`);
+      out(`line:  ${r.line}`);
     });
 
   // ---- tasks ------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ export class AxNode {
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
 
-    this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort) : null;
+    this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
     this.supervisor = new ShardSupervisor({
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
       heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,

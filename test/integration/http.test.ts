@@ -18,10 +18,10 @@ afterAll(() => tc.teardown());
 describe("HTTP", () => {
   it("serves health, Prometheus metrics, the dashboard and the API", async () => {
     expect(await (await fetch(`${base}/healthz`)).json()).toMatchObject({ ok: true, node: "h1", shards: tc.config.shardCount });
-    const created = await fetch(`${base}/api/task/create`, { method: "POST", body: JSON.stringify({ name: "web", executor: "hx", every: "1h" }) });
+    const created = await fetch(`${base}/api/task/create`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ name: "web", executor: "hx", every: "1h" }) });
     expect(created.status).toBe(200);
     expect((await created.json()).value).toMatchObject({ name: "web", state: "pending" });
-    const bad = await fetch(`${base}/api/task/create`, { method: "POST", body: JSON.stringify({ name: "web2", executor: "hx", every: "-3s" }) });
+    const bad = await fetch(`${base}/api/task/create`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ name: "web2", executor: "hx", every: "-3s" }) });
     expect(bad.status).toBe(400);
     expect((await bad.json()).error).toMatchObject({ code: "AX_E_DURATION", field: "every" });
     const missing = await fetch(`${base}/api/task/show?task=nope`);
