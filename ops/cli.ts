@@ -281,5 +281,9 @@ export async function main(argv: string[]): Promise<number> {
 if (process.argv[1] && /ops[\\/]cli\.ts$|bin[\\/]ax(\.mjs)?$/.test(process.argv[1])) {
   // `ax … | head`: a reader that stops early is not an error; stop quietly instead of a stack trace.
   process.stdout.on("error", (e: NodeJS.ErrnoException) => { if (e.code === "EPIPE") process.exit(0); else throw e; });
-  void main(process.argv.slice(2)).then((code) => { process.exitCode = code; if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) setTimeout(() => process.exit(code), 50).unref(); });
+  void main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+    // Exit once stdout is flushed: a large answer (ax task ls --limit 100000) was cut off by an early exit.
+    if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) process.stdout.write("", () => setTimeout(() => process.exit(code), 50).unref());
+  });
 }

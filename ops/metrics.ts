@@ -11,6 +11,7 @@ export function createMetrics() {
     lateness: new Histogram({ name: "ax_fire_lateness_seconds", help: "Fire time minus due time", buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], registers: [registry] }),
     shards: new Gauge({ name: "ax_shards_owned", help: "Shards owned by this node", registers: [registry] }),
     inFlight: new Gauge({ name: "ax_runs_in_flight", help: "Runs in flight on this node", registers: [registry] }),
+    refused: new Counter({ name: "ax_refused_total", help: "Inputs refused at the edges (API, HTTP), by cause", labelNames: ["cause"], registers: [registry] }),
   };
 }
 export type Metrics = ReturnType<typeof createMetrics>;

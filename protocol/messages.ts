@@ -5,7 +5,16 @@ import { z } from "zod";
  * a malformed message is refused with a reason (logged by the caller), never thrown into
  * a node's event loop. `v` is the wire version; readers refuse versions they do not know.
  */
-const runId = z.string().min(1).max(128);
+/** Printable ASCII: run ids are ours (newRunId, derivedRunId); anything else (a NUL, a control character) is forged. */
+const runId = z.string().min(1).max(128).regex(/^[\x21-\x7e]+$/, "a run id is printable ASCII");
+/** Error texts executors report are cut to this many characters. */
+export const MAX_ERROR_TEXT = 4096;
+/**
+ * Free text from another process (an executor's error, a trigger's reason): U+0000 removed
+ * (PostgreSQL refuses it, and one such text used to fail the whole batch's write, restart the
+ * shard and come back for days) and the length bounded.
+ */
+const text = (max: number) => z.string().transform((s) => (s.includes("\u0000") ? s.replaceAll("\u0000", "") : s).slice(0, max));
 const ms = z.number().int().nonnegative();
 
 export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire"]);
@@ -33,8 +42,8 @@ export const DispatchBatchSchema = z.object({
 });
 
 export const FailureSchema = z.object({
-  message: z.string(),
-  type: z.string().optional(),
+  message: text(MAX_ERROR_TEXT),
+  type: text(128).optional(),
   nonRetryable: z.boolean().optional(),
 });
 
@@ -67,7 +76,7 @@ export const OutcomeSchema = z.object({
   runId,
   outcome: z.enum(["success", "failed", "upstream_failed"]),
   at: ms,
-  reason: z.string().optional(),
+  reason: text(MAX_ERROR_TEXT).optional(),
 });
 
 /** Subject `<ns>.outcome.<shard>`, published by shard actors (one message per round); read by the DependencyActor. */
@@ -78,9 +87,9 @@ export const DependencyTriggerSchema = z.object({
   v: z.literal(1),
   kind: z.enum(["due", "upstream_failed"]),
   taskId: z.number().int().positive(),
-  key: z.string().min(1),
+  key: text(256).pipe(z.string().min(1)),
   upstreamRuns: z.array(runId),
-  reason: z.string(),
+  reason: text(MAX_ERROR_TEXT),
   at: ms,
 });
 
