@@ -24,6 +24,8 @@ export interface NatsSettings {
   tlsCa?: string;
   tlsCert?: string;
   tlsKey?: string;
+  /** Reply subjects start with this instead of `_INBOX` (so NATS permissions can give each user its own). */
+  inboxPrefix?: string;
 }
 
 export interface AxConfig {
@@ -52,7 +54,6 @@ export interface Limits {
   httpBodyBytes: number;
   payloadBytes: number;
   payloadDepth: number;
-  errorChars: number;
 }
 
 export const ENV_DEFAULTS: Record<string, string> = {
@@ -72,7 +73,6 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_HTTP_MAX_BODY: "1MB",
   AX_MAX_PAYLOAD: "64KB",
   AX_MAX_PAYLOAD_DEPTH: "32",
-  AX_MAX_ERROR_TEXT: "4096",
 };
 
 export const ENV_DOCS: Record<string, string> = {
@@ -92,7 +92,6 @@ export const ENV_DOCS: Record<string, string> = {
   AX_HTTP_MAX_BODY: "largest HTTP request body (larger: 413)",
   AX_MAX_PAYLOAD: "largest task or run payload, as JSON (a run is dispatched in one NATS message)",
   AX_MAX_PAYLOAD_DEPTH: "deepest nesting of a payload",
-  AX_MAX_ERROR_TEXT: "error texts from executors are cut to this many characters",
 };
 
 /** Optional settings without a default. */
@@ -110,6 +109,7 @@ export const NATS_AUTH_DOCS: Record<string, string> = {
   AX_NATS_TLS_CA: "CA certificate file to trust for NATS TLS",
   AX_NATS_TLS_CERT: "client certificate file for NATS TLS (with AX_NATS_TLS_KEY)",
   AX_NATS_TLS_KEY: "client private key file for NATS TLS",
+  AX_NATS_INBOX_PREFIX: "reply subject prefix instead of _INBOX (per-user inboxes with NATS permissions, see deploy/nats)",
 };
 /** Variables whose values are secrets: never printed, not even in a configuration error. */
 export const SECRET_VARS = new Set(["AX_NATS_PASSWORD", "AX_NATS_TOKEN", "AX_NATS_NKEY"]);
@@ -189,6 +189,11 @@ export function loadNatsSettings(env: NodeJS.ProcessEnv = process.env, overrides
   if (cert !== undefined) out.tlsCert = readableFile("AX_NATS_TLS_CERT", cert);
   if (key !== undefined) out.tlsKey = readableFile("AX_NATS_TLS_KEY", key);
   if ((out.tlsCert === undefined) !== (out.tlsKey === undefined)) fail(out.tlsCert === undefined ? "AX_NATS_TLS_CERT" : "AX_NATS_TLS_KEY", "", "a client certificate needs both AX_NATS_TLS_CERT and AX_NATS_TLS_KEY");
+  const inbox = get("AX_NATS_INBOX_PREFIX");
+  if (inbox !== undefined) {
+    if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(inbox)) fail("AX_NATS_INBOX_PREFIX", inbox, "must be a NATS subject without wildcards");
+    out.inboxPrefix = inbox;
+  }
   return out;
 }
 
@@ -241,7 +246,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
       // A run's payload travels in one dispatch message: NATS refuses messages over max_payload (1 MB by default).
       payloadBytes: bytes("AX_MAX_PAYLOAD", get("AX_MAX_PAYLOAD"), 16, 512 * 1024),
       payloadDepth: int("AX_MAX_PAYLOAD_DEPTH", get("AX_MAX_PAYLOAD_DEPTH"), 1, 1000),
-      errorChars: int("AX_MAX_ERROR_TEXT", get("AX_MAX_ERROR_TEXT"), 64, 1_000_000),
     },
   };
   if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(cfg.logLevel)) fail("AX_LOG_LEVEL", cfg.logLevel, "unknown level");

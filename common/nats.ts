@@ -9,6 +9,7 @@ const AUTH_HINT = "set AX_NATS_USER/AX_NATS_PASSWORD, AX_NATS_TOKEN, AX_NATS_NKE
 /** The one place NATS connect options are built from the configuration (node, CLI, executor SDK, tests). */
 export function natsConnectOptions(s: NatsSettings, extra: Partial<ConnectionOptions> = {}): ConnectionOptions {
   const o: ConnectionOptions = { servers: s.servers, ...extra };
+  if (s.inboxPrefix !== undefined) o.inboxPrefix = s.inboxPrefix;
   if (s.user !== undefined) { o.user = s.user; o.pass = s.password ?? ""; }
   if (s.token !== undefined) o.token = s.token;
   if (s.nkeySeed !== undefined) o.authenticator = nkeyAuthenticator(new TextEncoder().encode(s.nkeySeed));

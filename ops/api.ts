@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
-import { decode, encode } from "../protocol/index.ts";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { decode, encode, ensureExecutorConsumer } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
 import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
@@ -240,6 +241,12 @@ export class Api {
   }
 
   private async dispatch(op: string, args: Record<string, unknown>): Promise<unknown> {
+    if (op.startsWith("executor.register.")) {
+      // The executor's own subject: NATS permissions can let executor E register E and nothing else.
+      const own = op.slice("executor.register.".length);
+      if (args.name !== undefined && args.name !== own) throw new InvalidInputError("name", args.name, `must be ${own} on this subject`);
+      return this.registerExecutor({ ...args, name: own });
+    }
     switch (op) {
       case "executor.register": return this.registerExecutor(args);
       case "task.create": return this.createTask(args);
@@ -274,6 +281,9 @@ export class Api {
     const name = str("name", a.name);
     if (!/^[A-Za-z0-9_-]{1,64}$/.test(name)) throw new InvalidInputError("name", name, "letters, digits, _ or - only");
     await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now());
+    // The node makes the executor's durable consumer: on a least-privilege NATS (deploy/nats)
+    // executors may only pull their own consumer, not create one (a creator picks the filter).
+    if (a.kind !== "http") await ensureExecutorConsumer(await jetstreamManager(this.d.nc), this.d.names, name);
     return { name };
   }
 

@@ -126,7 +126,7 @@ export class AxNode {
         const skip = args !== null && typeof args === "object" && typeof args.skip === "number" && Number.isSafeInteger(args.skip) && args.skip > 0 ? args.skip : 0;
         if (skip) delete args.skip;
         this.api.call(op, args, { who }).then((v) => {
-          if (op === "executor.register" && typeof args.maxInFlight === "number") this.limiter.setLimit(String(args.name), args.maxInFlight);
+          if (op.startsWith("executor.register") && typeof args.maxInFlight === "number") this.limiter.setLimit((v as { name: string }).name, args.maxInFlight);
           this.reply(msg, okEnvelope(v), op, args, skip);
         }, (e) => this.reply(msg, errEnvelope(e)));
       },

@@ -165,9 +165,20 @@ export class Executor {
     }
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);
-    await ensureStreams(jsm, this.n);
-    const durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
+    let durable = this.n.executorConsumer(this.name);
+    let mayCreate = true;
+    try {
+      await ensureStreams(jsm, this.n);
+      durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
+    } catch (e) {
+      // A least-privilege NATS user (deploy/nats) may not create streams or consumers: the node
+      // creates this executor's consumer when it registers.
+      if (!/permission/i.test(String((e as Error)?.message ?? e))) throw e;
+      mayCreate = false;
+      this.log.info("no permission to create the dispatch consumer; the node creates it at registration");
+    }
     if (this.opts.register !== false) void this.registerLoop();
+    if (!mayCreate) await this.registered;
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
     const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)) });
     this.stopConsume = () => { void messages.close(); };
@@ -201,7 +212,8 @@ export class Executor {
     const body = encode({ name: this.name, kind: "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
     for (let i = 0; !this.stopping; i++) {
       try {
-        await this.nc!.request(this.n.apiSubject("executor.register"), body, { timeout: 2000 });
+        // Its own subject (<ns>.api.executor.register.<name>): NATS permissions can allow exactly this one.
+        await this.nc!.request(this.n.apiSubject(`executor.register.${this.name}`), body, { timeout: 2000 });
         this.registeredResolve();
         return;
       } catch {

@@ -27,7 +27,7 @@ export class TestCluster {
   private clients: AxClient[] = [];
 
   constructor(prefix: string, overrides: Record<string, string> = {}) {
-    this.ns = testNamespace(prefix);
+    this.ns = overrides.AX_NAMESPACE ?? testNamespace(prefix);
     this.env = { ...FAST, ...overrides, AX_NAMESPACE: this.ns };
     this.config = testConfig(this.ns, this.env);
   }

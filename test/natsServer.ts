@@ -22,7 +22,7 @@ export class OwnNatsServer {
   dir = "";
   private proc: ChildProcess | null = null;
   log = "";
-  constructor(private readonly configText: string) {}
+  constructor(private readonly configText: string, private readonly env: Record<string, string> = {}) {}
 
   get url(): string { return `nats://127.0.0.1:${this.port}`; }
 
@@ -31,7 +31,7 @@ export class OwnNatsServer {
     this.dir = mkdtempSync(join(tmpdir(), "ax-nats-"));
     const conf = join(this.dir, "nats.conf");
     writeFileSync(conf, this.configText.replaceAll("{{PORT}}", String(this.port)).replaceAll("{{STORE}}", join(this.dir, "js")).replaceAll("{{DIR}}", this.dir));
-    this.proc = spawn("nats-server", ["-c", conf], { stdio: ["ignore", "pipe", "pipe"] });
+    this.proc = spawn("nats-server", ["-c", conf], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...this.env } });
     this.proc.stdout!.on("data", (d) => { this.log += d; });
     this.proc.stderr!.on("data", (d) => { this.log += d; });
     const deadline = Date.now() + 10_000;
