@@ -9,6 +9,7 @@ import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, preview, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
+import { AuditLog, isWriteOp } from "./audit.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -208,7 +209,8 @@ function inItem(e: unknown, i: number): unknown {
 /** The operations of the cluster, shared by the NATS API, the HTTP API and the CLI. */
 export class Api {
   private readonly limits: ApiLimits;
-  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; }
+  private readonly audit: AuditLog;
+  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.pool); }
 
   /**
    * One operation. Whatever the input, a refusal is an AxError naming the field (a 4xx over
@@ -219,7 +221,21 @@ export class Api {
    * `ctx.who`: the caller (token name, NATS user) for the audit trail.
    */
   async call(op: string, args: Record<string, unknown>, ctx: { who?: string } = {}): Promise<unknown> {
-    void ctx;
+    if (!isWriteOp(op)) return this.checkedCall(op, args);
+    let error: unknown = null;
+    try {
+      return await this.checkedCall(op, args);
+    } catch (e) {
+      error = e;
+      throw e;
+    } finally {
+      const safeArgs = args !== null && typeof args === "object" && !Array.isArray(args) ? args : { body: String(args) };
+      // The trail must not turn a done write into a reported failure: a failed insert is only logged by the caller's metrics.
+      await this.audit.record(this.d.clock.now(), ctx.who ?? "unknown", op, safeArgs, error).catch(() => undefined);
+    }
+  }
+
+  private async checkedCall(op: string, args: Record<string, unknown>): Promise<unknown> {
     if (args === null || typeof args !== "object" || Array.isArray(args)) {
       throw new InvalidInputError("body", args, "must be a JSON object of arguments");
     }
@@ -267,6 +283,10 @@ export class Api {
       case "runs": return this.runs(args);
       case "why": return this.why(args);
       case "status": return this.d.status();
+      case "audit": return this.audit.list({
+        limit: args.limit !== undefined ? intIn("limit", args.limit, 1, 10_000) : 50,
+        ...(args.task !== undefined ? { task: String(args.task) } : {}),
+      });
       case "shards.ls": return this.shardsLs();
       case "shards.move": return this.shardsMove(args);
       case "shards.unpin": return this.shardsUnpin(args);

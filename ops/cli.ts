@@ -240,6 +240,13 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       table(s.nodes.map((n) => ({ node: n.id, shards: n.shards.length, firesPerSec: n.load.firedPerSec, inFlight: n.load.inFlight, lagMs: n.load.lagMs, http: n.http })), ["node", "shards", "firesPerSec", "inFlight", "lagMs", "http"])].join("\n"));
   });
 
+  program.command("audit").description("who changed what, newest first (every write: tasks, runs, executors, shards, drains)")
+    .option("--task <task>", "only this task (name or id as it was given)").option("--limit <n>", "how many", "50").option("--json")
+    .action(async (o: { task?: string; limit: string; json?: boolean }) => {
+      const rows = await withClient((c) => c.call<Array<Record<string, unknown>>>("audit", { limit: o.limit, ...(o.task ? { task: o.task } : {}) }));
+      print(o.json, rows, () => table(rows.map((r) => ({ ...r, result: r.ok ? "ok" : `refused: ${String(r.error)}` })), ["at", "who", "op", "task", "args", "result"]));
+    });
+
   // ---- shards --------------------------------------------------------------------------------------
   const shards = program.command("shards").description("shard ownership");
   shards.command("ls").option("--json").action(async (o: { json?: boolean }) => {

@@ -137,4 +137,22 @@ describe("HTTP with bearer tokens (roles read, operate, admin)", () => {
       expect(r.body.error).toMatchObject({ code: "AX_E_INVALID", field: "body" });
     }
   });
+
+  it("every write is in the audit trail with who, when and what (HTTP token name, NATS caller); ax audit --task T", async () => {
+    const base = b.httpAddress!;
+    const client = await secured.client();
+    await client.call("task.pause", { task: "w1" });
+    const r = await fetch(`${base}/api/audit?task=w1`, { headers: { authorization: `Bearer ${tok.read}` } });
+    const rows = (await r.json()).value as Array<{ who: string; op: string; task: string; ok: boolean; at: string; args: Record<string, unknown> }>;
+    expect(rows.map((x) => [x.op, x.who.split(":")[0], x.ok])).toEqual([["task.pause", "os", true], ["task.create", "token", true]]);
+    expect(rows[1]).toMatchObject({ who: "token:operate-user", task: "w1", args: { name: "w1", executor: "hx", every: "1h" } });
+    expect(Date.parse(rows[0]!.at)).toBeGreaterThan(Date.now() - 60_000);
+    const refused = await client.call("task.create", { name: "w1", executor: "hx", every: "1h" }).then(() => null, (e: unknown) => e);
+    expect(refused).toBeTruthy();
+    const cli = await secured.cli(["audit", "--task", "w1", "--json"]);
+    expect(cli.code).toBe(0);
+    const all = JSON.parse(cli.stdout) as Array<{ op: string; ok: boolean; error: string | null }>;
+    expect(all[0]).toMatchObject({ op: "task.create", ok: false });
+    expect(all[0]!.error).toBeTruthy();
+  }, 60_000);
 });
