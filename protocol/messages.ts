@@ -14,7 +14,8 @@ export const MAX_ERROR_TEXT = 4096;
  * (PostgreSQL refuses it, and one such text used to fail the whole batch's write, restart the
  * shard and come back for days) and the length bounded.
  */
-const text = (max: number) => z.string().transform((s) => (s.includes("\u0000") ? s.replaceAll("\u0000", "") : s).slice(0, max));
+const stripNul = (s: string) => (s.includes("\u0000") ? s.replaceAll("\u0000", "") : s);
+const text = (max: number) => z.string().transform((s) => stripNul(s).slice(0, max));
 const ms = z.number().int().nonnegative();
 
 export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire"]);
@@ -87,7 +88,8 @@ export const DependencyTriggerSchema = z.object({
   v: z.literal(1),
   kind: z.enum(["due", "upstream_failed"]),
   taskId: z.number().int().positive(),
-  key: text(256).pipe(z.string().min(1)),
+  // Not cut: run ids are derived from the whole key (a fan-in's key lists its upstream runs).
+  key: z.string().min(1).max(65_536).transform(stripNul),
   upstreamRuns: z.array(runId),
   reason: text(MAX_ERROR_TEXT),
   at: ms,

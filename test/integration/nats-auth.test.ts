@@ -68,7 +68,7 @@ describe("NATS authentication", () => {
     const node = await cli(["node"], { ...tc.env, AX_NATS_USER: "", AX_NATS_PASSWORD: "" });
     expect(node.code).toBe(4);
     expect(node.stderr).toMatch(/requires credentials/);
-  });
+  }, 240_000);
 
   it("token: AX_NATS_TOKEN, --nats-token and nats://TOKEN@host", async () => {
     const s = await server(`authorization { token: "tok-SECRET-3" }`);
