@@ -3,9 +3,8 @@ import { closeSync, mkdirSync, openSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
-import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { loadConfig, names, type AxConfig } from "../common/index.ts";
+import { connectNats, loadConfig, names, type AxConfig } from "../common/index.ts";
 import { AxClient } from "../ops/client.ts";
 import { Executor, dropStreams, type RunContext } from "../protocol/index.ts";
 import { Store, DueIndex } from "../actors/index.ts";
@@ -104,11 +103,11 @@ export class AxBench {
   static async start(opts: AxBenchOptions): Promise<AxBench> {
     const b = new AxBench(opts);
     await b.startNode();
-    b.client = await AxClient.connect(b.config.natsUrl, b.ns);
+    b.client = await AxClient.connect(b.config.nats, b.ns);
     // The executor registers itself as any SDK user's does (no in-flight bound of its own: the
     // node's default applies).
     b.executor = new Executor({
-      name: EXECUTOR, namespace: b.ns, natsUrl: b.config.natsUrl, concurrency: opts.executorConcurrency,
+      name: EXECUTOR, namespace: b.ns, nats: b.config.nats, concurrency: opts.executorConcurrency,
       ...(opts.eventFlushMs !== undefined ? { eventFlushMs: opts.eventFlushMs } : {}),
       handler: (ctx) => b.onRun(ctx),
     });
@@ -306,7 +305,7 @@ export async function teardownNamespace(config: AxConfig): Promise<void> {
   await store.dropNamespace().catch(() => undefined).finally(() => store.close());
   const due = new DueIndex(config.redis, config.namespace);
   await due.dropNamespace().catch(() => undefined).finally(() => due.close());
-  const nc = await connect({ servers: config.natsUrl });
+  const nc = await connectNats(config.nats);
   try { await dropStreams(await jetstreamManager(nc), names(config.namespace)); } finally { await nc.close(); }
 }
 

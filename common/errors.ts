@@ -20,6 +20,9 @@ export type AxErrorCode =
   | "AX_E_ILLEGAL_TRANSITION"
   | "AX_E_UNAVAILABLE"
   | "AX_E_TIMEOUT"
+  | "AX_E_AUTH"
+  | "AX_E_FORBIDDEN"
+  | "AX_E_TOO_LARGE"
   | "AX_E_INTERNAL";
 
 export class AxError extends Error {

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
-import { decode, encode } from "../protocol/index.ts";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { decode, encode, ensureExecutorConsumer } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
 import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
@@ -8,9 +9,66 @@ import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
+import { AuditLog, isWriteOp } from "./audit.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
+const EXECUTOR_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** Task timeouts and backoffs are timer delays (executors and nodes use setTimeout): at most 24 days. */
+export const MAX_TASK_DURATION_MS = 24 * 86_400_000;
+/** Strings outside a payload (names, cron, zones, ISO times) are short; a longer one is refused before anything parses it. */
+const MAX_TEXT = 4096;
+
+/** The edge limits the API enforces (see Limits in common/config.ts). */
+export interface ApiLimits { payloadBytes: number; payloadDepth: number }
+export const DEFAULT_API_LIMITS: ApiLimits = { payloadBytes: 64 * 1024, payloadDepth: 32 };
+
+/**
+ * Refuses, naming the field, what PostgreSQL or a node cannot take: U+0000 anywhere (text and
+ * jsonb refuse it, and the write of a whole batch would fail), strings over MAX_TEXT outside
+ * payloads, nesting deeper than the payload limit allows. Iterative: a 100,000-deep value
+ * costs no stack.
+ */
+export function checkArgs(args: Record<string, unknown>, limits: ApiLimits): void {
+  const stack: Array<[unknown, string, number, boolean]> = [[args, "", 0, false]];
+  while (stack.length) {
+    const [v, path, depth, inPayload] = stack.pop()!;
+    if (typeof v === "string") {
+      if (v.includes("\u0000")) throw new InvalidInputError(path || "body", v.length > 64 ? `${v.slice(0, 64)}…` : v, "contains U+0000 (NUL), which cannot be stored");
+      if (!inPayload && v.length > MAX_TEXT) throw new InvalidInputError(path || "body", `${v.slice(0, 32)}… (${v.length} characters)`, `longer than ${MAX_TEXT} characters`);
+      continue;
+    }
+    if (v === null || typeof v !== "object") continue;
+    // Payloads may nest payloadDepth levels below their own field (specs sit two levels down in a bulk call).
+    if (depth > limits.payloadDepth + 4) throw new InvalidInputError(path.split(/[.[]/)[0] || "body", "(too deep)", `nested deeper than ${limits.payloadDepth} levels (AX_MAX_PAYLOAD_DEPTH)`);
+    if (Array.isArray(v)) { for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], `${path}[${i}]`, depth + 1, inPayload]); continue; }
+    for (const k of Object.keys(v)) {
+      if (k.includes("\u0000")) throw new InvalidInputError(path || "body", k, "a key contains U+0000 (NUL)");
+      stack.push([(v as Record<string, unknown>)[k], path ? `${path}.${k}` : k, depth + 1, inPayload || k === "payload"]);
+    }
+  }
+}
+
+/** A payload within AX_MAX_PAYLOAD (as JSON) and AX_MAX_PAYLOAD_DEPTH; runs carry it in one NATS message. */
+export function checkPayload(field: string, payload: unknown, limits: ApiLimits): void {
+  if (payload === undefined || payload === null) return;
+  let depth = 0;
+  const stack: Array<[unknown, number]> = [[payload, 1]];
+  while (stack.length) {
+    const [v, d] = stack.pop()!;
+    if (v === null || typeof v !== "object") continue;
+    depth = Math.max(depth, d);
+    if (depth > limits.payloadDepth) throw new InvalidInputError(field, "(too deep)", `nested deeper than ${limits.payloadDepth} levels (AX_MAX_PAYLOAD_DEPTH)`);
+    for (const x of Array.isArray(v) ? v : Object.values(v)) stack.push([x, d + 1]);
+  }
+  const bytes = Buffer.byteLength(JSON.stringify(payload));
+  if (bytes > limits.payloadBytes) throw new AxError("AX_E_TOO_LARGE", `${field}: ${bytes} bytes as JSON, over the limit of ${limits.payloadBytes} (AX_MAX_PAYLOAD)`, { field, value: bytes });
+}
+
+function boundedDuration(field: string, ms: number): number {
+  if (ms > MAX_TASK_DURATION_MS) throw new InvalidInputError(field, formatDuration(ms), `at most ${formatDuration(MAX_TASK_DURATION_MS)}`, "AX_E_DURATION");
+  return ms;
+}
 
 export interface ApiDeps {
   store: Store;
@@ -22,6 +80,7 @@ export interface ApiDeps {
   supervisor: ShardSupervisor;
   nodeId: string;
   status: () => Promise<unknown>;
+  limits?: ApiLimits;
 }
 
 export const shardOfTask = (id: number, shardCount: number) => hash32(`task:${id}`) % shardCount;
@@ -56,14 +115,16 @@ const BULK_HANDOFF_MAX = 2_000;
 export interface ParsedTaskSpec { after: string[]; task: Omit<NewTask, "shardOf" | "upstreams"> }
 
 /** Validates one task spec (the body of `task.create`) and computes its first due time. Pure: no I/O. */
-export function parseTaskSpec(raw: Record<string, unknown>, now: number): ParsedTaskSpec {
+export function parseTaskSpec(raw: Record<string, unknown>, now: number, limits: ApiLimits = DEFAULT_API_LIMITS): ParsedTaskSpec {
   // The common shape is checked by hand (the same rules as CreateTaskInput, much cheaper); zod
   // parses whatever fails the check, so a refusal reads exactly as before.
   const a = matchesCreateTaskInput(raw) ? (raw as z.infer<typeof CreateTaskInput>) : CreateTaskInput.parse(raw);
   const name = str("name", a.name);
   if (!NAME_RE.test(name)) throw new InvalidInputError("name", name, "use letters, digits, '.', '_' or '-' (at most 128)");
   const executor = str("executor", a.executor);
+  if (!EXECUTOR_RE.test(executor)) throw new InvalidInputError("executor", executor, "use letters, digits, '_' or '-' (at most 64)");
   const after = a.after ?? [];
+  checkPayload("payload", a.payload, limits);
   const hasTrigger = opt(a.cron) || opt(a.every) || opt(a.fixedDelay) || opt(a.at) || opt(a.delay);
   let spec: TriggerSpec | null = null;
   if (hasTrigger || !after.length) {
@@ -80,10 +141,10 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number): Parsed
   } else {
     for (const f of ["tz", "dstGap", "dstRepeat"] as const) if (opt(a[f])) throw new InvalidInputError(f, a[f], "only with --cron");
   }
-  const timeoutMs = opt(a.timeout) ? durationOf("timeout", a.timeout) : 30_000;
+  const timeoutMs = opt(a.timeout) ? boundedDuration("timeout", durationOf("timeout", a.timeout)) : 30_000;
   const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
-  const backoffMs = opt(a.backoff) ? durationOf("backoff", a.backoff, true) : 1000;
-  const backoffMaxMs = opt(a.backoffMax) ? durationOf("backoffMax", a.backoffMax) : Math.max(60_000, backoffMs);
+  const backoffMs = opt(a.backoff) ? boundedDuration("backoff", durationOf("backoff", a.backoff, true)) : 1000;
+  const backoffMaxMs = opt(a.backoffMax) ? boundedDuration("backoffMax", durationOf("backoffMax", a.backoffMax)) : Math.max(60_000, backoffMs);
   const misfire = a.misfire ?? "once";
   if (misfire !== "once" && misfire !== "skip" && misfire !== "all") throw new InvalidInputError("misfire", misfire, "must be once, skip or all");
   const overlap = a.overlap ?? "forbid";
@@ -152,14 +213,69 @@ function inItem(e: unknown, i: number): unknown {
 
 /** The operations of the cluster, shared by the NATS API, the HTTP API and the CLI. */
 export class Api {
-  constructor(private readonly d: ApiDeps) {}
+  private readonly limits: ApiLimits;
+  private readonly audit: AuditLog;
+  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.pool); }
 
-  async call(op: string, args: Record<string, unknown>): Promise<unknown> {
+  /**
+   * One operation. Whatever the input, a refusal is an AxError naming the field (a 4xx over
+   * HTTP, exit 2 in the CLI), never an unexplained internal error: the arguments must be an
+   * object; strings, sizes and nesting are checked before any parsing (checkArgs); a schema
+   * refusal names its path; a value PostgreSQL still refuses (a data exception) is reported as
+   * bad input.
+   * `ctx.who`: the caller (token name, NATS user) for the audit trail.
+   */
+  async call(op: string, args: Record<string, unknown>, ctx: { who?: string } = {}): Promise<unknown> {
+    if (!isWriteOp(op)) return this.checkedCall(op, args);
+    let error: unknown = null;
+    try {
+      return await this.checkedCall(op, args);
+    } catch (e) {
+      error = e;
+      throw e;
+    } finally {
+      const safeArgs = args !== null && typeof args === "object" && !Array.isArray(args) ? args : { body: String(args) };
+      // The trail must not turn a done write into a reported failure: a failed insert is only logged by the caller's metrics.
+      await this.audit.record(this.d.clock.now(), ctx.who ?? "unknown", op, safeArgs, error).catch(() => undefined);
+    }
+  }
+
+  private async checkedCall(op: string, args: Record<string, unknown>): Promise<unknown> {
+    if (args === null || typeof args !== "object" || Array.isArray(args)) {
+      throw new InvalidInputError("body", args, "must be a JSON object of arguments");
+    }
+    checkArgs(args, this.limits);
+    try {
+      return await this.dispatch(op, args);
+    } catch (e) {
+      if (e instanceof z.ZodError) {
+        const issue = e.issues[0];
+        const field = issue?.path.join(".") || "body";
+        throw new InvalidInputError(field, field === "body" ? undefined : issue?.path.reduce<unknown>((o, k) => (o as Record<PropertyKey, unknown> | undefined)?.[k as PropertyKey], args), issue?.message ?? "invalid");
+      }
+      const pgCode = (e as { code?: unknown })?.code;
+      if (!(e instanceof AxError) && typeof pgCode === "string" && /^22/.test(pgCode)) {
+        throw new AxError("AX_E_INVALID", `a value is out of range or malformed (${(e as Error).message})`, { field: "body" });
+      }
+      throw e;
+    }
+  }
+
+  private async dispatch(op: string, args: Record<string, unknown>): Promise<unknown> {
+    if (op.startsWith("executor.register.")) {
+      // The executor's own subject: NATS permissions can let executor E register E and nothing else.
+      const own = op.slice("executor.register.".length);
+      if (args.name !== undefined && args.name !== own) throw new InvalidInputError("name", args.name, `must be ${own} on this subject`);
+      return this.registerExecutor({ ...args, name: own });
+    }
     switch (op) {
       case "executor.register": return this.registerExecutor(args);
       case "task.create": return this.createTask(args);
       case "task.bulkCreate": return this.bulkCreate(args);
-      case "task.ls": return (await this.d.store.listTasks({ limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000 })).map(publicTask);
+      case "task.ls": return (await this.d.store.listTasks({
+        limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000,
+        ...(args.after !== undefined ? { afterId: intIn("after", args.after, 0, Number.MAX_SAFE_INTEGER) } : {}),
+      })).map(publicTask);
       case "task.show": return this.showTask(args);
       case "task.preview": return this.previewTask(args);
       case "task.pause": return this.toShard(args, "pause");
@@ -172,6 +288,10 @@ export class Api {
       case "runs": return this.runs(args);
       case "why": return this.why(args);
       case "status": return this.d.status();
+      case "audit": return this.audit.list({
+        limit: args.limit !== undefined ? intIn("limit", args.limit, 1, 10_000) : 50,
+        ...(args.task !== undefined ? { task: String(args.task) } : {}),
+      });
       case "shards.ls": return this.shardsLs();
       case "shards.move": return this.shardsMove(args);
       case "shards.unpin": return this.shardsUnpin(args);
@@ -186,12 +306,15 @@ export class Api {
     const name = str("name", a.name);
     if (!/^[A-Za-z0-9_-]{1,64}$/.test(name)) throw new InvalidInputError("name", name, "letters, digits, _ or - only");
     await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now());
+    // The node makes the executor's durable consumer: on a least-privilege NATS (deploy/nats)
+    // executors may only pull their own consumer, not create one (a creator picks the filter).
+    if (a.kind !== "http") await ensureExecutorConsumer(await jetstreamManager(this.d.nc), this.d.names, name);
     return { name };
   }
 
   async createTask(raw: Record<string, unknown>): Promise<unknown> {
     const now = this.d.clock.now();
-    const p = parseTaskSpec(raw, now);
+    const p = parseTaskSpec(raw, now, this.limits);
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount) });
@@ -223,7 +346,7 @@ export class Api {
       if (item === null || typeof item !== "object" || Array.isArray(item)) throw new InvalidInputError(`tasks[${i}]`, item, "must be a task spec object");
       try {
         // (no copy of each spec when there are no defaults: GC was a sixth of a bulk call's time)
-        parsed[i] = parseTaskSpec(noDefaults ? item as Record<string, unknown> : { ...(defaults as Record<string, unknown>), ...(item as Record<string, unknown>) }, now);
+        parsed[i] = parseTaskSpec(noDefaults ? item as Record<string, unknown> : { ...(defaults as Record<string, unknown>), ...(item as Record<string, unknown>) }, now, this.limits);
       } catch (e) { throw inItem(e, i); }
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
@@ -257,7 +380,15 @@ export class Api {
 
   private async task(a: Record<string, unknown>): Promise<TaskRow> {
     const ref = a.task;
-    if (typeof ref !== "string" && typeof ref !== "number") throw new InvalidInputError("task", ref, "required");
+    if (typeof ref !== "string" && typeof ref !== "number") throw new InvalidInputError("task", ref, "required (a task name or id)");
+    if (typeof ref === "number" && (!Number.isSafeInteger(ref) || ref < 1)) throw new InvalidInputError("task", ref, "not a task id (a whole number from 1)");
+    if (typeof ref === "string" && (!ref.length || ref.length > 128)) throw new InvalidInputError("task", ref.slice(0, 32), "not a task name (1 to 128 characters)");
+    if (typeof ref === "string" && /^\d+$/.test(ref) && !Number.isSafeInteger(Number(ref))) {
+      // Too long to be an id: only a task named with these digits can match.
+      const id = (await this.d.store.taskIdsByName([ref])).get(ref);
+      if (id === undefined) throw new InvalidInputError("task", ref, "no such task", "AX_E_NOT_FOUND");
+      return this.d.store.requireTask(id);
+    }
     return this.d.store.requireTask(ref);
   }
 
@@ -361,6 +492,7 @@ export class Api {
   }
 
   private async manualRun(a: Record<string, unknown>): Promise<unknown> {
+    checkPayload("payload", a.payload, this.limits);
     const t = await this.task(a);
     const r = await this.shardCommand(t.shard, { type: "run", taskId: t.id, force: a.force === true, ...(a.payload !== undefined ? { payload: a.payload } : {}) });
     if (!r.ok) throw AxError.fromJSON(r.error);

@@ -1,24 +1,39 @@
 import { readFileSync } from "node:fs";
 import { Command, Option, CommanderError } from "commander";
-import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, createLogger, loadConfig, parseDuration } from "../common/index.ts";
+import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, NATS_AUTH_DOCS, OPTIONAL_DOCS, createLogger, loadConfig, parseDuration, redact } from "../common/index.ts";
 import { Executor } from "../protocol/index.ts";
 import { AxClient } from "./client.ts";
 import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
 import { packageVersion } from "./version.ts";
+import { hashToken, ROLES, type Role } from "./httpAuth.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
+const AUTH_CODES = new Set(["AX_E_AUTH", "AX_E_FORBIDDEN"]);
 
-/** Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by state (e.g. task is running). */
+/**
+ * Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by
+ * state (e.g. task is running), 4 credentials missing or refused, or not permitted.
+ */
 export function exitCodeOf(e: unknown): number {
-  if (e instanceof AxError) return USAGE_CODES.has(e.code) ? 2 : CONFLICT_CODES.has(e.code) ? 3 : 1;
+  if (e instanceof AxError) return USAGE_CODES.has(e.code) || e.code === "AX_E_TOO_LARGE" ? 2 : CONFLICT_CODES.has(e.code) ? 3 : AUTH_CODES.has(e.code) ? 4 : 1;
   return 1;
 }
 
 function envHelp(): string {
-  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]}${ENV_DEFAULTS[k] === undefined ? "" : ` [${ENV_DEFAULTS[k]}]`}`).join("\n") + "\n";
+  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]}${ENV_DEFAULTS[k] === undefined ? "" : ` [${ENV_DEFAULTS[k]}]`}`).join("\n") +
+    "\n" + Object.keys({ ...NATS_AUTH_DOCS, ...OPTIONAL_DOCS }).map((k) => `  ${k.padEnd(18)} ${NATS_AUTH_DOCS[k] ?? OPTIONAL_DOCS[k]}`).join("\n") + "\n";
 }
+
+/** Global flags → the variables they override. */
+const GLOBAL_FLAGS: Array<[flag: string, opt: string, variable: string]> = [
+  ["--nats <url>", "nats", "AX_NATS_URL"], ["--namespace <ns>", "namespace", "AX_NAMESPACE"],
+  ["--nats-user <user>", "natsUser", "AX_NATS_USER"], ["--nats-password <password>", "natsPassword", "AX_NATS_PASSWORD"],
+  ["--nats-token <token>", "natsToken", "AX_NATS_TOKEN"], ["--nats-nkey <seed-or-file>", "natsNkey", "AX_NATS_NKEY"],
+  ["--nats-creds <file>", "natsCreds", "AX_NATS_CREDS"], ["--nats-tls-ca <file>", "natsTlsCa", "AX_NATS_TLS_CA"],
+  ["--nats-tls-cert <file>", "natsTlsCert", "AX_NATS_TLS_CERT"], ["--nats-tls-key <file>", "natsTlsKey", "AX_NATS_TLS_KEY"],
+];
 
 function parseJsonFlag(field: string, s: string | undefined): unknown {
   if (s === undefined) return undefined;
@@ -41,20 +56,22 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   program.description("ax (Auto eXecution): a distributed task scheduler on NATS JetStream, PostgreSQL and Redis.\n" +
     "Tasks say what to run (an executor + payload); triggers say when (cron, fixed rate, fixed delay, once);\n" +
     "nodes fire them exactly once in effect and record every run, so `ax why RUN` can explain it.")
-    .addOption(new Option("--nats <url>", "NATS URL (AX_NATS_URL)"))
-    .addOption(new Option("--namespace <ns>", "namespace (AX_NAMESPACE)"))
     .version(packageVersion(), "-V, --version", "print the version")
     .showHelpAfterError("(run with --help for usage)")
     .addHelpText("after", envHelp() + "\nExamples:\n  ax node --http 8080\n  ax executor demo --name demo\n  ax task create hello --executor demo --every 10s\n  ax runs hello\n  ax why <run-id>\n");
+  for (const [flag, , variable] of GLOBAL_FLAGS) program.addOption(new Option(flag, `${variable.startsWith("AX_NATS_") && variable !== "AX_NATS_URL" ? "NATS " : ""}(${variable})`));
   program.exitOverride();
 
-  const cfg = () => {
-    const g = program.opts<{ nats?: string; namespace?: string }>();
-    return loadConfig(process.env, { ...(g.nats ? { AX_NATS_URL: g.nats } : {}), ...(g.namespace ? { AX_NAMESPACE: g.namespace } : {}) });
+  const flagOverrides = (): Record<string, string> => {
+    const g = program.opts<Record<string, string | undefined>>();
+    const out: Record<string, string> = {};
+    for (const [, opt, variable] of GLOBAL_FLAGS) if (g[opt]) out[variable] = g[opt];
+    return out;
   };
+  const cfg = () => loadConfig(process.env, flagOverrides());
   async function withClient<T>(fn: (c: AxClient) => Promise<T>): Promise<T> {
     const c = cfg();
-    const client = await AxClient.connect(c.natsUrl, c.namespace);
+    const client = await AxClient.connect(c.nats, c.namespace);
     try { return await fn(client); } finally { await client.close(); }
   }
   const print = (json: boolean | undefined, value: unknown, human: () => string) => out(json ? JSON.stringify(value, null, 2) : human());
@@ -64,10 +81,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   node.option("--id <id>", "node id (default: host-pid)").option("--http <port>", "serve /healthz, /metrics, /api and the dashboard on this port (0 = any)")
     .option("--shards <n>", "shard count if this node creates the cluster (AX_SHARDS)")
     .action(async (o: { id?: string; http?: string; shards?: string }) => {
-      const config = loadConfig(process.env, {
-        ...(program.opts().nats ? { AX_NATS_URL: program.opts().nats } : {}), ...(program.opts().namespace ? { AX_NAMESPACE: program.opts().namespace } : {}),
-        ...(o.shards ? { AX_SHARDS: o.shards } : {}),
-      });
+      const config = loadConfig(process.env, { ...flagOverrides(), ...(o.shards ? { AX_SHARDS: o.shards } : {}) });
       const httpPort = o.http === undefined ? null : Number(o.http);
       if (httpPort !== null && (!Number.isInteger(httpPort) || httpPort < 0 || httpPort > 65535)) throw new InvalidInputError("--http", o.http, "not a port number");
       const n = new AxNode({ config, ...(o.id ? { nodeId: o.id } : {}), httpPort });
@@ -102,7 +116,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
       const log = createLogger({ level: c.logLevel, name: "ax-executor" });
       const ackWaitMs = parseDuration("--ack-wait", o.ackWait);
-      const ex = new Executor({ name: o.name, namespace: c.namespace, natsUrl: c.natsUrl, concurrency, logger: log, ackWaitMs,
+      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs,
         handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
       await ex.start();
       process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);
@@ -110,6 +124,24 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
         const stop = () => { void ex.stop().then(resolve); };
         process.once("SIGINT", stop); process.once("SIGTERM", stop);
       });
+    });
+
+  // ---- HTTP tokens ---------------------------------------------------------------------------
+  program.command("token").description("bearer tokens for the HTTP API (AX_HTTP_TOKENS_FILE)").command("hash <name>")
+    .description("make a token: prints the token (give it to the client; it is not stored) and the line to add to AX_HTTP_TOKENS_FILE")
+    .addOption(new Option("--role <role>", "what the token may do: read (reads, /metrics), operate (task writes), admin (shards, drains)").choices([...ROLES]).default("read"))
+    .option("--stdin", "hash the token read from standard input instead of making a new one")
+    .action(async (name: string, o: { role: Role; stdin?: boolean }) => {
+      let secret: string | undefined;
+      if (o.stdin) {
+        const chunks: Buffer[] = [];
+        for await (const c of process.stdin) chunks.push(c as Buffer);
+        const text = Buffer.concat(chunks).toString("utf8").trim();
+        secret = text.startsWith(`${name}.`) ? text.slice(name.length + 1) : text;
+      }
+      const r = await hashToken(name, o.role, secret);
+      out(`token: ${r.token}`);
+      out(`line:  ${r.line}`);
     });
 
   // ---- tasks ------------------------------------------------------------------------------------
@@ -217,6 +249,13 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       ...(failing.length ? ["failing dependencies:", ...failing] : [])].join("\n"));
   });
 
+  program.command("audit").description("who changed what, newest first (every write: tasks, runs, executors, shards, drains)")
+    .option("--task <task>", "only this task (name or id as it was given)").option("--limit <n>", "how many", "50").option("--json")
+    .action(async (o: { task?: string; limit: string; json?: boolean }) => {
+      const rows = await withClient((c) => c.call<Array<Record<string, unknown>>>("audit", { limit: o.limit, ...(o.task ? { task: o.task } : {}) }));
+      print(o.json, rows, () => table(rows.map((r) => ({ ...r, result: r.ok ? "ok" : `refused: ${String(r.error)}` })), ["at", "who", "op", "task", "args", "result"]));
+    });
+
   // ---- shards --------------------------------------------------------------------------------------
   const shards = program.command("shards").description("shard ownership");
   shards.command("ls").option("--json").action(async (o: { json?: boolean }) => {
@@ -249,7 +288,8 @@ export async function main(argv: string[]): Promise<number> {
       if (e.code === "commander.helpDisplayed" || e.code === "commander.help" || e.code === "commander.version") return 0;
       return 2; // commander already printed the reason
     }
-    process.stderr.write(`ax: ${e instanceof Error ? e.message : String(e)}\n`);
+    // Whatever the failure quotes (a driver's message, a URL), no configured secret is printed.
+    process.stderr.write(`ax: ${redact(e instanceof Error ? e.message : String(e))}\n`);
     return exitCodeOf(e);
   }
 }
@@ -257,5 +297,9 @@ export async function main(argv: string[]): Promise<number> {
 if (process.argv[1] && /ops[\\/]cli\.[jt]s$|bin[\\/]ax(\.mjs)?$/.test(process.argv[1])) {
   // `ax … | head`: a reader that stops early is not an error; stop quietly instead of a stack trace.
   process.stdout.on("error", (e: NodeJS.ErrnoException) => { if (e.code === "EPIPE") process.exit(0); else throw e; });
-  void main(process.argv.slice(2)).then((code) => { process.exitCode = code; if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) setTimeout(() => process.exit(code), 50).unref(); });
+  void main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+    // Exit once stdout is flushed: a large answer (ax task ls --limit 100000) was cut off by an early exit.
+    if (!process.argv.slice(2).includes("node") && !process.argv.slice(2).includes("executor")) process.stdout.write("", () => setTimeout(() => process.exit(code), 50).unref());
+  });
 }

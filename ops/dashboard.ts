@@ -9,6 +9,8 @@ export const DASHBOARD_HTML = `<!doctype html>
  .shards{display:flex;flex-wrap:wrap;gap:3px;max-width:900px} .shard{width:34px;height:22px;font-size:11px;display:flex;align-items:center;justify-content:center;border-radius:3px;color:#fff}
 </style></head><body>
 <h1>ax — Auto eXecution</h1><div id="summary" class="muted">loading…</div>
+<form id="login" style="display:none;margin:12px 0;padding:10px;background:#fff;border:1px solid #ddd;max-width:600px" onsubmit="return saveToken()">
+ <div id="loginmsg" class="bad"></div><label>Bearer token (name.secret): <input id="tok" type="password" autocomplete="off" size="40"></label> <button>Use</button></form>
 <h2>Nodes</h2><table id="nodes"></table>
 <h2>Shards</h2><div id="shards" class="shards"></div>
 <h2>Tasks</h2><table id="tasks"></table>
@@ -16,7 +18,12 @@ export const DASHBOARD_HTML = `<!doctype html>
 <script>
 const palette=["#2563eb","#16a34a","#d97706","#9333ea","#dc2626","#0891b2","#4d7c0f","#be185d"];
 const color={}; let selected=null;
-async function api(op,q){const r=await fetch('/api/'+op+(q?'?'+new URLSearchParams(q):''));const j=await r.json();if(!j.ok)throw new Error(j.error.message);return j.value}
+// With AX_HTTP_TOKENS_FILE the node asks for a bearer token: asked once, kept for this tab only.
+let token=sessionStorage.getItem('axToken')||'';
+function askToken(msg){const f=document.getElementById('login');f.style.display='block';document.getElementById('loginmsg').textContent=msg;}
+function saveToken(){token=document.getElementById('tok').value.trim();sessionStorage.setItem('axToken',token);document.getElementById('login').style.display='none';refresh();return false}
+async function api(op,q){const r=await fetch('/api/'+op+(q?'?'+new URLSearchParams(q):''),{headers:token?{authorization:'Bearer '+token}:{}});
+ const j=await r.json();if(r.status===401||r.status===403){askToken(j.error.message);throw new Error(j.error.message)}if(!j.ok)throw new Error(j.error.message);return j.value}
 function esc(s){return String(s??'').replace(/[&<>]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;'}[c]))}
 function cls(st){return st==='success'?'ok':(st==='failed'||st==='timed_out'||st==='upstream_failed')?'bad':''}
 async function refresh(){

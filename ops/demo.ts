@@ -1,4 +1,4 @@
-import { AxError, createLogger, loadConfig } from "../common/index.ts";
+import { AxError, createLogger, loadConfig, redact } from "../common/index.ts";
 import { Executor } from "../protocol/index.ts";
 import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
@@ -14,10 +14,10 @@ const port = Number(process.env.AX_DEMO_PORT ?? 8080);
 const node = new AxNode({ config, nodeId: "demo-node", httpPort: port, logger: log });
 await node.start().catch((e: unknown) => {
   // A refusal reads as one line (which setting, why), not a stack trace.
-  process.stderr.write(`ax demo: ${e instanceof Error ? e.message : String(e)}\n`);
+  process.stderr.write(`ax demo: ${redact(e instanceof Error ? e.message : String(e))}\n`);
   process.exit(e instanceof AxError && e.code === "AX_E_CONFIG" ? 2 : 1);
 });
-const ex = new Executor({ name: "demo", namespace: config.namespace, natsUrl: config.natsUrl, logger: log, handler: demoHandler({ sleepMs: 300, failRate: 0, log }) });
+const ex = new Executor({ name: "demo", namespace: config.namespace, nats: config.nats, logger: log, handler: demoHandler({ sleepMs: 300, failRate: 0, log }) });
 await ex.start();
 await ex.registered;
 

@@ -1,13 +1,14 @@
 import { hostname } from "node:os";
-import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { AxError, InvalidInputError, RateWindow, SystemClock, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { connectionUptime, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
+import { connectionUptime, encode, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
-import { errEnvelope, okEnvelope } from "./envelope.ts";
+import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
+import { RefusalLog } from "./refusals.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
 import { DependencyHealth, type Dependency } from "./health.ts";
@@ -68,6 +69,7 @@ export class AxNode {
   private http: HttpServer | null = null;
   private pruneTimer: NodeJS.Timeout | null = null;
   private readonly firedWindow = new RateWindow(5000, 100);
+  private readonly refusals: RefusalLog;
   private shardCount = 0;
   private dispatchSecret: Buffer = Buffer.alloc(0);
   private stopped = false;
@@ -81,6 +83,7 @@ export class AxNode {
     this.clock = opts.clock ?? new SystemClock();
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
     this.metrics = createMetrics();
+    this.refusals = new RefusalLog(this.log, this.metrics.refused);
   }
 
   get httpAddress(): string | null { return this.http?.address ?? null; }
@@ -108,7 +111,7 @@ export class AxNode {
     this.due = new DueIndex(c.redis, c.namespace);
     // A wrong mode (a cluster node given as single, say) is refused here, once, with the fix.
     await this.due.check();
-    this.nc = await connect({ servers: c.natsUrl.split(","), name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
+    this.nc = await connectNats(c.nats, { name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
     connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
@@ -135,7 +138,7 @@ export class AxNode {
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
 
-    this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort) : null;
+    this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
     this.supervisor = new ShardSupervisor({
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
       heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
@@ -146,6 +149,7 @@ export class AxNode {
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
       supervisor: this.supervisor, nodeId: this.id, status: () => this.status(),
+      limits: { payloadBytes: c.limits.payloadBytes, payloadDepth: c.limits.payloadDepth },
     });
     // The API: any node answers (queue group), so the CLI needs only a NATS URL.
     this.subs.push(this.nc.subscribe(this.names.apiSubject(">"), {
@@ -154,11 +158,17 @@ export class AxNode {
         if (err) return;
         const op = msg.subject.slice(this.names.apiSubject("").length);
         let args: Record<string, unknown> = {};
-        try { args = msg.data.length ? JSON.parse(new TextDecoder().decode(msg.data)) : {}; } catch { msg.respond(JSON.stringify(errEnvelope(new Error("request body is not JSON")))); return; }
-        this.api.call(op, args).then((v) => {
-          if (op === "executor.register" && typeof args.maxInFlight === "number") this.limiter.setLimit(String(args.name), args.maxInFlight);
-          msg.respond(JSON.stringify(okEnvelope(v)));
-        }, (e) => msg.respond(JSON.stringify(errEnvelope(e))));
+        try { args = msg.data.length ? JSON.parse(new TextDecoder().decode(msg.data)) : {}; } catch {
+          this.reply(msg, errEnvelope(new InvalidInputError("body", undefined, "not JSON")));
+          return;
+        }
+        const who = msg.headers?.get("Ax-Caller") || "nats";
+        const skip = args !== null && typeof args === "object" && typeof args.skip === "number" && Number.isSafeInteger(args.skip) && args.skip > 0 ? args.skip : 0;
+        if (skip) delete args.skip;
+        this.api.call(op, args, { who }).then((v) => {
+          if (op.startsWith("executor.register") && typeof args.maxInFlight === "number") this.limiter.setLimit((v as { name: string }).name, args.maxInFlight);
+          this.reply(msg, okEnvelope(v), op, args, skip);
+        }, (e) => this.reply(msg, errEnvelope(e)));
       },
     }));
     // Events of the runs this node dispatches: the consumer exists before the first dispatch.
@@ -190,6 +200,38 @@ export class AxNode {
     this.log.info({ http: this.http?.address ?? null, shards: this.shardCount }, "node started");
   }
 
+  /**
+   * Answers an API request. A reply over the server's max_payload would be refused by NATS (and
+   * used to throw out of the callback and kill the node): a list is cut to the prefix that fits
+   * and says where the rest starts (`next`), which AxClient follows page by page; anything else
+   * that does not fit is an AX_E_TOO_LARGE refusal. Never throws.
+   */
+  private reply(msg: Msg, env: Envelope, op = "", args: Record<string, unknown> = {}, skip = 0): void {
+    const max = (this.nc.info?.max_payload ?? 1024 * 1024) - 4096;
+    try {
+      let body = encode(env);
+      if (env.ok && Array.isArray(env.value) && (skip || body.length > max)) {
+        const list = (env.value as unknown[]).slice(skip);
+        const at = (n: number) => encode({ ...env, value: list.slice(0, n) });
+        let lo = 0; let hi = list.length; // largest n that fits
+        const room = max - 256; // for the `next` cursor
+        if (encode({ ...env, value: list }).length <= max) lo = hi;
+        else while (lo < hi) { const mid = Math.ceil((lo + hi) / 2); if (at(mid).length <= room) lo = mid; else hi = mid - 1; }
+        if (lo === 0 && list.length) throw new AxError("AX_E_TOO_LARGE", `${op}: one item is larger than the NATS max_payload (${max + 4096} bytes)`, { field: "op", value: op });
+        const last = list[lo - 1] as { id?: unknown } | undefined;
+        const next = lo >= list.length ? undefined
+          : op === "task.ls" && typeof last?.id === "number" ? { after: last.id, ...(args.limit !== undefined ? { limit: Number(args.limit) - lo } : {}) }
+            : { skip: skip + lo };
+        body = encode({ ok: true, value: list.slice(0, lo), ...(next ? { next } : {}) });
+      }
+      if (body.length > max) throw new AxError("AX_E_TOO_LARGE", `the answer to ${op} is ${body.length} bytes, over the NATS max_payload; ask for less`, { field: "op", value: op });
+      msg.respond(body);
+    } catch (e) {
+      this.refusals.note("api.reply", e);
+      try { msg.respond(encode(errEnvelope(e instanceof AxError ? e : new AxError("AX_E_INTERNAL", "the answer could not be sent")))); } catch { /* the requester will time out */ }
+    }
+  }
+
   private async startShard(shard: number, epoch: number): Promise<ShardHandle> {
     // Only this actor's own entry: a late callback must not remove the shard's next actor.
     const forget = () => { if (this.actors.get(shard) === actor) this.actors.delete(shard); this.metrics.shards.set(this.actors.size); };
@@ -216,7 +258,13 @@ export class AxNode {
       callback: (err, msg) => {
         if (err) return;
         let cmd: ShardCommand;
-        try { cmd = JSON.parse(new TextDecoder().decode(msg.data)) as ShardCommand; } catch { return; }
+        try { cmd = JSON.parse(new TextDecoder().decode(msg.data)) as ShardCommand; } catch { this.refusals.note("shard.cmd", new Error("not JSON")); return; }
+        // `null`, a number or an object without a type never reaches the actor (each used to restart the shard).
+        if (cmd === null || typeof cmd !== "object" || typeof (cmd as { type?: unknown }).type !== "string") {
+          this.refusals.note("shard.cmd", new Error(`not a command: ${JSON.stringify(cmd)?.slice(0, 64)}`));
+          try { msg.respond(encode({ ok: false, error: { code: "AX_E_INVALID", message: "not a shard command", field: "type" } })); } catch { /* no reply subject */ }
+          return;
+        }
         void actor.command(cmd).then((r) => msg.respond(JSON.stringify(r)));
       },
     });

@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
-import { names, silentLogger, type Logger, type Names } from "../common/index.ts";
+import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
 import { DispatchBatchSchema, DispatchRunSchema, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 
@@ -36,6 +36,12 @@ export interface ExecutorOptions {
   natsUrl?: string;
   /** Replicas of the streams if this executor is the first to create them (default AX_REPLICAS, else 1). */
   replicas?: number;
+  /**
+   * Servers, credentials and TLS (see loadNatsSettings). Default: from the environment
+   * (AX_NATS_URL, AX_NATS_USER/PASSWORD, AX_NATS_TOKEN, AX_NATS_NKEY, AX_NATS_CREDS, AX_NATS_TLS_*),
+   * with `natsUrl` over AX_NATS_URL.
+   */
+  nats?: NatsSettings;
   /** Reuse a connection instead of opening one. */
   connection?: NatsConnection;
   instance?: string;
@@ -170,14 +176,26 @@ export class Executor {
   async start(): Promise<void> {
     if (this.opts.connection) this.nc = this.opts.connection;
     else {
-      this.nc = await connect({ servers: (this.opts.natsUrl ?? process.env.AX_NATS_URL ?? "nats://127.0.0.1:4222").split(","), name: `ax-executor:${this.name}` });
+      const s = this.opts.nats ?? loadNatsSettings(process.env, this.opts.natsUrl ? { AX_NATS_URL: this.opts.natsUrl } : {});
+      this.nc = await connectNats(s, { name: `ax-executor:${this.name}` });
       this.ownsConnection = true;
     }
     this.js = jetstream(this.nc);
     const jsm = await jetstreamManager(this.nc);
-    await ensureStreams(jsm, this.n, { replicas: this.opts.replicas ?? (Number(process.env.AX_REPLICAS) || 1) });
-    const durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
+    let durable = this.n.executorConsumer(this.name);
+    let mayCreate = true;
+    try {
+      await ensureStreams(jsm, this.n, { replicas: this.opts.replicas ?? (Number(process.env.AX_REPLICAS) || 1) });
+      durable = await ensureExecutorConsumer(jsm, this.n, this.name, this.opts.ackWaitMs ?? 30_000);
+    } catch (e) {
+      // A least-privilege NATS user (deploy/nats) may not create streams or consumers: the node
+      // creates this executor's consumer when it registers.
+      if (!/permission/i.test(String((e as Error)?.message ?? e))) throw e;
+      mayCreate = false;
+      this.log.info("no permission to create the dispatch consumer; the node creates it at registration");
+    }
     if (this.opts.register !== false) void this.registerLoop();
+    if (!mayCreate) await this.registered;
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
     const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)) });
     this.stopConsume = () => { void messages.close(); };
@@ -211,7 +229,8 @@ export class Executor {
     const body = encode({ name: this.name, kind: "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
     for (let i = 0; !this.stopping; i++) {
       try {
-        await this.nc!.request(this.n.apiSubject("executor.register"), body, { timeout: 2000 });
+        // Its own subject (<ns>.api.executor.register.<name>): NATS permissions can allow exactly this one.
+        await this.nc!.request(this.n.apiSubject(`executor.register.${this.name}`), body, { timeout: 2000 });
         this.registeredResolve();
         return;
       } catch {

@@ -5,7 +5,17 @@ import { z } from "zod";
  * a malformed message is refused with a reason (logged by the caller), never thrown into
  * a node's event loop. `v` is the wire version; readers refuse versions they do not know.
  */
-const runId = z.string().min(1).max(128);
+/** Printable ASCII: run ids are ours (newRunId, derivedRunId); anything else (a NUL, a control character) is forged. */
+const runId = z.string().min(1).max(128).regex(/^[\x21-\x7e]+$/, "a run id is printable ASCII");
+/** Error texts executors report are cut to this many characters. */
+export const MAX_ERROR_TEXT = 4096;
+/**
+ * Free text from another process (an executor's error, a trigger's reason): U+0000 removed
+ * (PostgreSQL refuses it, and one such text used to fail the whole batch's write, restart the
+ * shard and come back for days) and the length bounded.
+ */
+const stripNul = (s: string) => (s.includes("\u0000") ? s.replaceAll("\u0000", "") : s);
+const text = (max: number) => z.string().transform((s) => stripNul(s).slice(0, max));
 const ms = z.number().int().nonnegative();
 
 export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire"]);
@@ -48,8 +58,8 @@ export const DispatchBatchV2Schema = z.object({
 export const DispatchBatchSchema = z.discriminatedUnion("v", [DispatchBatchV1Schema, DispatchBatchV2Schema]);
 
 export const FailureSchema = z.object({
-  message: z.string(),
-  type: z.string().optional(),
+  message: text(MAX_ERROR_TEXT),
+  type: text(128).optional(),
   nonRetryable: z.boolean().optional(),
 });
 
@@ -99,7 +109,7 @@ export const OutcomeSchema = z.object({
   runId,
   outcome: z.enum(["success", "failed", "upstream_failed"]),
   at: ms,
-  reason: z.string().optional(),
+  reason: text(MAX_ERROR_TEXT).optional(),
 });
 
 /** Subject `<ns>.outcome.<shard>`, published by shard actors (one message per round); read by the DependencyActor. */
@@ -110,9 +120,10 @@ export const DependencyTriggerSchema = z.object({
   v: z.literal(1),
   kind: z.enum(["due", "upstream_failed"]),
   taskId: z.number().int().positive(),
-  key: z.string().min(1),
+  // Not cut: run ids are derived from the whole key (a fan-in's key lists its upstream runs).
+  key: z.string().min(1).max(65_536).transform(stripNul),
   upstreamRuns: z.array(runId),
-  reason: z.string(),
+  reason: text(MAX_ERROR_TEXT),
   at: ms,
 });
 

@@ -6,7 +6,7 @@ import { WIRE_SCHEMAS } from "../protocol/index.ts";
 
 mkdirSync("protocol/schema", { recursive: true });
 for (const [name, schema] of Object.entries(WIRE_SCHEMAS)) {
-  const json = z.toJSONSchema(schema as z.ZodType, { unrepresentable: "any" });
+  const json = z.toJSONSchema(schema as z.ZodType, { unrepresentable: "any", io: "input" });
   writeFileSync(`protocol/schema/${name}.json`, JSON.stringify({ $id: `ax/${name}`, title: name, ...json }, null, 2) + "\n");
   process.stdout.write(`protocol/schema/${name}.json\n`);
 }

@@ -1,9 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createWriteStream, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { names, silentLogger, createLogger, type AxConfig, type Clock } from "../common/index.ts";
+import { connectNats, names, silentLogger, createLogger, type AxConfig, type Clock } from "../common/index.ts";
 import { AxNode } from "../ops/node.ts";
 import { AxClient } from "../ops/client.ts";
 import { dropStreams, Executor, type RunHandler } from "../protocol/index.ts";
@@ -28,7 +27,7 @@ export class TestCluster {
   private clients: AxClient[] = [];
 
   constructor(prefix: string, overrides: Record<string, string> = {}) {
-    this.ns = testNamespace(prefix);
+    this.ns = overrides.AX_NAMESPACE ?? testNamespace(prefix);
     this.env = { ...FAST, ...overrides, AX_NAMESPACE: this.ns };
     this.config = testConfig(this.ns, this.env);
   }
@@ -47,14 +46,14 @@ export class TestCluster {
   }
 
   async startExecutor(name: string, handler: RunHandler, opts: { concurrency?: number; ackWaitMs?: number } = {}): Promise<Executor> {
-    const ex = new Executor({ name, handler, namespace: this.ns, natsUrl: this.config.natsUrl, concurrency: opts.concurrency ?? 64, eventFlushMs: 2, ...(opts.ackWaitMs ? { ackWaitMs: opts.ackWaitMs } : {}) });
+    const ex = new Executor({ name, handler, namespace: this.ns, nats: this.config.nats, concurrency: opts.concurrency ?? 64, eventFlushMs: 2, ...(opts.ackWaitMs ? { ackWaitMs: opts.ackWaitMs } : {}) });
     await ex.start();
     this.executors.push(ex);
     return ex;
   }
 
   async client(): Promise<AxClient> {
-    const c = await AxClient.connect(this.config.natsUrl, this.ns);
+    const c = await AxClient.connect(this.config.nats, this.ns);
     this.clients.push(c);
     return c;
   }
@@ -98,7 +97,7 @@ export class TestCluster {
     await store.dropNamespace().finally(() => store.close());
     const due = new DueIndex(this.config.redis, this.ns);
     await due.dropNamespace().finally(() => due.close());
-    const nc = await connect({ servers: this.config.natsUrl });
+    const nc = await connectNats(this.config.nats);
     try { await dropStreams(await jetstreamManager(nc), names(this.ns)); } finally { await nc.close(); }
   }
 }

@@ -354,9 +354,10 @@ export class Store {
     return t;
   }
 
-  async listTasks(opts: { limit?: number; shard?: number } = {}): Promise<TaskRow[]> {
-    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) order by t.id limit $1`,
-      [opts.limit ?? 1000, opts.shard ?? null]);
+  /** `afterId`: the next page of a listing, in id order. */
+  async listTasks(opts: { limit?: number; shard?: number; afterId?: number } = {}): Promise<TaskRow[]> {
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) and ($3::bigint is null or t.id > $3) order by t.id limit $1`,
+      [opts.limit ?? 1000, opts.shard ?? null, opts.afterId ?? null]);
     return r.rows.map(toTask);
   }
 

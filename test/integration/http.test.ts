@@ -21,10 +21,10 @@ describe("HTTP", () => {
     const ready = await fetch(`${base}/readyz`);
     expect(await ready.json()).toEqual({ ready: true, node: "h1", shards: tc.config.shardCount, reasons: [], failing: {} });
     expect(ready.status).toBe(200);
-    const created = await fetch(`${base}/api/task/create`, { method: "POST", body: JSON.stringify({ name: "web", executor: "hx", every: "1h" }) });
+    const created = await fetch(`${base}/api/task/create`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ name: "web", executor: "hx", every: "1h" }) });
     expect(created.status).toBe(200);
     expect((await created.json()).value).toMatchObject({ name: "web", state: "pending" });
-    const bad = await fetch(`${base}/api/task/create`, { method: "POST", body: JSON.stringify({ name: "web2", executor: "hx", every: "-3s" }) });
+    const bad = await fetch(`${base}/api/task/create`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ name: "web2", executor: "hx", every: "-3s" }) });
     expect(bad.status).toBe(400);
     expect((await bad.json()).error).toMatchObject({ code: "AX_E_DURATION", field: "every" });
     const missing = await fetch(`${base}/api/task/show?task=nope`);
