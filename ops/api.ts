@@ -564,11 +564,16 @@ export function fmtInZone(ms: number, tz: string): string {
   return `${g("year")}-${g("month")}-${g("day")} ${g("hour") === "24" ? "00" : g("hour")}:${g("minute")}:${g("second")} ${g("timeZoneName")} (${tz})`;
 }
 
+/** A stored trigger in words; one that no longer compiles says so (its task is shown, not refused). */
+function describeTrigger(spec: unknown): string {
+  try { return compileTrigger(spec as TriggerSpec).describe(); } catch (e) { return `cannot be read: ${(e as Error).message}`; }
+}
+
 export function publicTask(t: TaskRow) {
   const ctx = (t.record as { context?: { attempt?: number; inFlight?: string[]; lastError?: string | null } }).context ?? {};
   return {
     id: t.id, name: t.name, executor: t.executor, state: t.state, shard: t.shard, payload: t.payload,
-    triggers: t.triggers.map((tr) => ({ id: tr.id, kind: tr.kind, spec: tr.spec, description: compileTrigger(tr.spec as TriggerSpec).describe() })),
+    triggers: t.triggers.map((tr) => ({ id: tr.id, kind: tr.kind, spec: tr.spec, description: describeTrigger(tr.spec) })),
     timeout: formatDuration(t.timeoutMs), retries: t.maxAttempts - 1, backoff: formatDuration(t.backoffMs), misfire: t.misfire, overlap: t.overlap,
     nextDueAt: t.nextDueMs !== null ? new Date(t.nextDueMs).toISOString() : null, nextSource: t.nextSource, nextReason: t.nextReason,
     attempt: ctx.attempt ?? 0, inFlight: ctx.inFlight ?? [], lastError: ctx.lastError ?? null, upstreams: t.upstreams,

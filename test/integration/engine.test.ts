@@ -237,12 +237,12 @@ describe("engine v2", () => {
       const t = await client.call<{ state: string; lastError: string | null; nextReason: string | null }>("task.show", { task: "poisoned" });
       return t.state === "paused" ? t : null;
     }, 10_000, "poisoned marked");
-    expect(shown.lastError).toMatch(/schedule stuck/);
+    expect(shown.lastError, JSON.stringify(shown)).toMatch(/schedule stuck/);
     expect(shown.nextReason).toMatch(/not scheduled/);
     const epoch = (await store.listShards())[0]!.epoch;
     const before = seen.get("healthy")!;
     await waitFor(() => seen.get("healthy")! >= before + 3, 10_000, "healthy keeps firing");
     expect((await store.listShards())[0]!.epoch).toBe(epoch); // the shard never restarted
-    expect(node.metrics.registry.getSingleMetricAsString("ax_tasks_stuck_total")).toMatch(/ax_tasks_stuck_total 1/);
+    expect(await node.metrics.registry.getSingleMetricAsString("ax_tasks_stuck_total")).toMatch(/ax_tasks_stuck_total 1/);
   });
 });
