@@ -98,7 +98,8 @@ describe(`${pkg.name} from npm pack`, () => {
     await waitFor(() => /ax node pkg1 running/.test(node.out()), 30_000, `the node to start; output: ${node.out()}`);
     const worker = start(["build/worker.js"], app);
     const ran = await waitFor(() => /ran greet (\S+) attempt 1: hello from the tarball/.exec(worker.out()), 30_000, "the example's run");
-    expect(worker.out()).toMatch(/created task greet \(id \d+\)/);
+    // The create's reply and the run race (the run is due 200 ms after the create): wait for both lines.
+    await waitFor(() => /created task greet \(id \d+\)/.test(worker.out()), 15_000, `the create's reply; output: ${worker.out()}`);
     const client = await tc.client();
     const runs = await waitFor(async () => {
       const r = await client.call<Array<{ id: string; state: string; executor: string }>>("runs", { task: "greet" });

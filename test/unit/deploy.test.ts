@@ -3,7 +3,7 @@ import { join } from "node:path";
 import type { Command, Option } from "commander";
 import { parse, parseAllDocuments } from "yaml";
 import { describe, expect, it } from "vitest";
-import { ENV_DEFAULTS, loadConfig } from "../../common/index.ts";
+import { ENV_DEFAULTS, NATS_AUTH_DOCS, OPTIONAL_DOCS, loadConfig } from "../../common/index.ts";
 import { buildProgram } from "../../ops/cli.ts";
 
 /**
@@ -16,12 +16,10 @@ const ROOT = process.cwd();
 const read = (p: string) => readFileSync(join(ROOT, p), "utf8");
 const SOURCE_DIRS = ["common", "cluster", "actors", "protocol", "ops"];
 
-/** Client credentials for NATS: referenced by the deployment files, implemented by issue 14 (security). */
-const PLANNED_VARS = new Set(["AX_NATS_USER", "AX_NATS_PASSWORD"]);
 
 /** AX_* variables ax reads: the configuration's plus those read straight from process.env in the sources. */
 function knownVars(): Set<string> {
-  const vars = new Set([...Object.keys(ENV_DEFAULTS), ...PLANNED_VARS]);
+  const vars = new Set([...Object.keys(ENV_DEFAULTS), ...Object.keys(NATS_AUTH_DOCS), ...Object.keys(OPTIONAL_DOCS)]);
   for (const dir of SOURCE_DIRS) {
     for (const f of readdirSync(join(ROOT, dir), { recursive: true })) {
       if (!String(f).endsWith(".ts")) continue;
@@ -131,13 +129,23 @@ describe("docker-compose.yml", () => {
       }
     }
     expect(existsSync(join(ROOT, "Dockerfile"))).toBe(true);
-    for (const s of Object.values(services)) for (const v of s.volumes ?? []) expect(Object.keys(doc.volumes)).toContain(v.split(":")[0]);
+    const ignored = read(".gitignore").split("\n").map((l) => l.trim());
+    for (const s of Object.values(services)) {
+      for (const v of s.volumes ?? []) {
+        const src = v.split(":")[0]!;
+        // A bind mount names a file of the checkout, or one the operator creates (kept out of git: secrets).
+        if (src.startsWith("./")) expect(existsSync(join(ROOT, src)) || ignored.includes(src.slice(2)), `compose mounts ${src}`).toBe(true);
+        else expect(Object.keys(doc.volumes)).toContain(src);
+      }
+    }
   });
 
   it("gives ax only variables it reads, with values its configuration accepts", () => {
     for (const [name, s] of axServices) {
       expectKnown(Object.keys(s.environment!), `compose ${name}`);
       const env = Object.fromEntries(Object.entries(s.environment!).map(([k, v]) => [k, interpolate(String(v))]));
+      // The tokens file is a path inside the container (mounted from ./deploy/http-tokens, checked above).
+      delete env.AX_HTTP_TOKENS_FILE;
       expect(() => loadConfig(env), `compose ${name}`).not.toThrow();
     }
     // Every interpolation has a default or refuses to start without a value (none silently empty).
