@@ -189,7 +189,12 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
     log("pg", Object.fromEntries(Object.entries(pg1).map(([k, v]) => [k, v - (pg0[k] ?? 0)])), "node", await b.nodeStatus().then((x) => (x as { persister?: unknown }).persister));
   }
   const s = rec.summary();
-  const xc = await b.crossCheck(prefix).catch((e: unknown) => { if (e instanceof CrossCheckError) return e; throw e; });
+  // The runs table trails the handlers by the event path (executor flush, the node's round): at
+  // thousands of runs a second the last second of starts may not be written yet. Read again
+  // until it agrees or 15 s pass; only then is a disagreement a finding.
+  const check = () => b.crossCheck(prefix).catch((e: unknown) => { if (e instanceof CrossCheckError) return e; throw e; });
+  let xc = await check();
+  for (let attempt = 0; attempt < 15 && xc instanceof CrossCheckError; attempt++) { await sleep(1000); xc = await check(); }
   if (xc instanceof CrossCheckError) log(`cross-check of ${prefix}: ${xc.message}`);
   return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs };
 }
