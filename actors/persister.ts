@@ -15,11 +15,13 @@ export interface PersisterDeps {
   /** Wall clock for release times and the dispatch records' age. */
   clock: Clock;
   /**
-   * Asked at each release for every shard with runs in the message: may it still dispatch (its
-   * actor not fenced, its lease valid)? Runs of a shard that may not stay recorded and unstarted;
-   * the shard's next owner publishes their recorded message (ShardActor.start).
+   * Asked at each release for every shard with runs in the message: "yes" (its actor is active
+   * and its lease valid); "wait" (its actor is active but the lease is not confirmed right now, as
+   * while NATS reconnects: the whole message is held and asked again shortly); "never" (fenced or
+   * gone: its runs stay recorded and unstarted, and the shard's next owner publishes their
+   * recorded message, see ShardActor.start).
    */
-  mayRelease: (shard: number) => boolean;
+  mayRelease: (shard: number) => "yes" | "wait" | "never";
   /** Told of each published run and when (lateness metrics). */
   onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number) => void;
   /** Batches in flight at once (each one transaction on its own connection). */
@@ -198,7 +200,13 @@ export class Persister {
   }
 
   private release(m: Message): Promise<void> {
-    const runs = m.runs.filter((r) => this.d.mayRelease(r.shard));
+    const verdicts = new Map<number, "yes" | "wait" | "never">();
+    for (const r of m.runs) if (!verdicts.has(r.shard)) verdicts.set(r.shard, this.d.mayRelease(r.shard));
+    if ([...verdicts.values()].includes("wait")) {
+      // Not dropped: an actor that keeps its shard would never publish these runs again.
+      return new Promise<void>((resolve) => { this.d.clock.setTimeout(() => { void this.release(m).then(resolve); }, 50); });
+    }
+    const runs = m.runs.filter((r) => verdicts.get(r.shard) === "yes");
     this.stats.notReleased += m.runs.length - runs.length;
     if (!runs.length) return Promise.resolve();
     this.stats.messages++;
@@ -232,13 +240,17 @@ export class Persister {
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>): Promise<void> {
   const data = encode({ v: 2, node: nodeId, runs });
+  // Retried under the same id until it lands (JetStream drops a copy of one that did) or the runs'
+  // own timeout has passed: a NATS restart of a few seconds must delay these runs, not lose them
+  // (a run whose publish gave up after four tries was left to time out, and without retries never ran).
+  const giveUpAt = Date.now() + Math.max(5000, Math.min(...runs.map((r) => r.timeoutMs)));
   for (let attempt = 0; ; attempt++) {
     try {
-      await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 5000 });
+      await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 2000 });
       return;
     } catch (e) {
-      if (attempt >= 3) throw e;
-      await new Promise((r) => setTimeout(r, 100 * 2 ** attempt));
+      if (Date.now() >= giveUpAt) throw e;
+      await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }
   }
 }

@@ -132,7 +132,7 @@ export class AxNode {
     this.persister = new Persister({
       store: this.store, log: this.log, js: this.js, names: this.names, nodeId: this.id, clock: this.clock,
       // A run is released only by a shard that is still this node's (not fenced, lease valid).
-      mayRelease: (shard) => (this.actors.get(shard)?.releasable ?? false) && this.supervisor.leaseValid(shard),
+      mayRelease: (shard) => (!(this.actors.get(shard)?.releasable ?? false) ? "never" : this.supervisor.leaseValid(shard) ? "yes" : "wait"),
       onReleased: (runs, at) => { for (const r of runs) this.metrics.lateness.observe(Math.max(0, at - r.scheduledAt) / 1000); },
     });
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
