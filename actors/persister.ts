@@ -35,6 +35,9 @@ export interface PersisterDeps {
  */
 const RELEASE_STEP_MS = 2;
 
+/** Longest a release waits for a lease that is held but not confirmed (NATS reconnecting). */
+const MAX_RELEASE_WAIT_MS = 10_000;
+
 interface Message { id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[] }
 
 export interface Submitted {
@@ -199,12 +202,15 @@ export class Persister {
     })).then(() => undefined);
   }
 
-  private release(m: Message): Promise<void> {
+  private release(m: Message, waitingSince = this.d.clock.monotonic()): Promise<void> {
     const verdicts = new Map<number, "yes" | "wait" | "never">();
     for (const r of m.runs) if (!verdicts.has(r.shard)) verdicts.set(r.shard, this.d.mayRelease(r.shard));
+    // Bounded: a lease unconfirmed for this long is lost anyway, and its next owner re-publishes.
+    const waited = this.d.clock.monotonic() - waitingSince;
+    if (waited >= MAX_RELEASE_WAIT_MS) for (const [s, v] of verdicts) if (v === "wait") verdicts.set(s, "never");
     if ([...verdicts.values()].includes("wait")) {
       // Not dropped: an actor that keeps its shard would never publish these runs again.
-      return new Promise<void>((resolve) => { this.d.clock.setTimeout(() => { void this.release(m).then(resolve); }, 50); });
+      return new Promise<void>((resolve) => { this.d.clock.setTimeout(() => { void this.release(m, waitingSince).then(resolve); }, 50); });
     }
     const runs = m.runs.filter((r) => verdicts.get(r.shard) === "yes");
     this.stats.notReleased += m.runs.length - runs.length;

@@ -51,7 +51,7 @@ export function failoverScenario(label: string, deploy: (procs: RedisProcs) => P
     await store?.close();
     await tc?.teardown();
     await procs.teardown();
-  }, 60_000);
+  }, 120_000);
 
   it("a wrong mode is one clear error at start-up, not a loop", async () => {
     const p = spawn(process.execPath, ["bin/ax.mjs", "node", "--id", "wrong"], { env: { ...process.env, ...tc.env, AX_LOG_LEVEL: "warn", ...d.wrong.env }, cwd: process.cwd(), stdio: ["ignore", "pipe", "pipe"] });

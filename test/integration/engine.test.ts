@@ -61,6 +61,7 @@ describe("engine v2", () => {
     expect(messages.length).toBeLessThan(tasks.length);
     for (const m of messages) expect(m.at).toBeGreaterThanOrEqual(due);
     // Recorded before the due time: the write is not on the fire path.
+    await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 10_000, "every completion recorded");
     for (const t of tasks) {
       const runs = await runsOf(store, t.name);
       expect(runs).toHaveLength(1);
