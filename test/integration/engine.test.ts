@@ -25,6 +25,11 @@ afterEach(async () => {
 
 interface Start { runId: string; task: string; startedAt: number; scheduledAt: number }
 
+/** A handler that notes each run's start on the clock that defines "due". */
+const recordInto = (starts: Start[]) => (ctx: RunContext): void => {
+  starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt });
+};
+
 async function runsOf(s: Store, task: string) {
   const t = await s.getTask(task);
   return t ? s.listRuns(t.id, 50) : [];
@@ -37,7 +42,7 @@ describe("engine v2", () => {
     const starts: Start[] = [];
     await tc.startNode("e1");
     await tc.waitForShards();
-    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    const ex = await tc.startExecutor("w", recordInto(starts));
     await ex.registered;
     nc = await connect({ servers: tc.config.natsUrl });
     const messages: Array<{ v: number; shards: number[]; at: number }> = [];
@@ -77,7 +82,7 @@ describe("engine v2", () => {
     const starts: Start[] = [];
     await tc.startNode("p1");
     await tc.waitForShards();
-    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    const ex = await tc.startExecutor("w", recordInto(starts));
     await ex.registered;
     const client = await tc.client();
     const due = Date.now() + 5000;
@@ -102,7 +107,7 @@ describe("engine v2", () => {
     tc = new TestCluster("engk", { AX_LEAD: "3s" });
     store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
     const starts: Start[] = [];
-    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    const ex = await tc.startExecutor("w", recordInto(starts));
     const victim = tc.spawn(["node", "--id", "k1"]);
     await ex.registered;
     const client = await tc.client();
@@ -133,7 +138,7 @@ describe("engine v2", () => {
     const gate = new Promise<void>((r) => { release = r; });
     const starts: Start[] = [];
     const ex = await tc.startExecutor("w", async (ctx: RunContext) => {
-      starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt });
+      recordInto(starts)(ctx);
       await gate;
     });
     const victim = tc.spawn(["node", "--id", "d1"]);
@@ -184,7 +189,7 @@ describe("engine v2", () => {
     const starts: Start[] = [];
     await tc.startNode("b1");
     await tc.waitForShards();
-    const ex = await tc.startExecutor("w", (ctx: RunContext) => { starts.push({ runId: ctx.runId, task: ctx.taskName, startedAt: Date.now(), scheduledAt: ctx.scheduledAt }); });
+    const ex = await tc.startExecutor("w", recordInto(starts));
     await ex.registered;
     const client = await tc.client();
     const due = Date.now() + 3000;
