@@ -104,7 +104,9 @@ export type Mail =
   | { t: "trigger"; trig: DependencyTrigger; msg: Ackable }
   | { t: "cmd"; cmd: ShardCommand; reply: (r: CommandReply) => void }
   /** Due entries taken from Redis for the near horizon (taken outside the round, see refill()). */
-  | { t: "refilled"; items: Array<{ id: number; dueMs: number }> };
+  | { t: "refilled"; items: Array<{ id: number; dueMs: number }> }
+  /** The node's limiter gave this waiting task a place at its executor (see InFlightLimiter). */
+  | { t: "capacity"; taskId: number; dueMs: number; executor: string };
 
 /** The effects of one round, applied after its write is durable. */
 interface Round {
@@ -157,6 +159,10 @@ export class ShardActor implements EventSink {
   private finishedByEvent = new Set<string>();
   private finishedByEventOld = new Set<string>();
   private readonly live = new Map<number, LiveTask>();
+  /** Tasks due whose executor was full: the due time each waits in the node's limiter with. */
+  private readonly waitingForCapacity = new Map<number, number>();
+  /** Places the limiter gave to waiting tasks, not yet used by a dispatch (task → executor). */
+  private readonly reserved = new Map<number, string>();
   private mail: Mail[] = [];
   private processing = false;
   private idle: Promise<void> = Promise.resolve();
@@ -179,7 +185,7 @@ export class ShardActor implements EventSink {
   private readonly catchUp: EventCatchUp;
   private readonly timeoutCheckedFrom = new Map<string, number>();
   private refills = 0;
-  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0 };
+  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
     this.shard = shard;
@@ -356,6 +362,7 @@ export class ShardActor implements EventSink {
       if (m.t === "trigger") need.add(m.trig.taskId);
       if (m.t === "events") for (const ev of m.events) { const r = this.inFlight.get(ev.runId); if (r) need.add(r.taskId); }
       if (m.t === "refilled") for (const it of m.items) { const w = this.inWheel.get(it.id); if (w && w.dueMs !== it.dueMs) need.add(it.id); }
+      if (m.t === "capacity") need.add(m.taskId);
     }
     const missing = [...need].filter((id) => !this.live.has(id));
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
@@ -395,6 +402,13 @@ export class ShardActor implements EventSink {
           break;
         case "refilled":
           this.onRefilled(round, m.items);
+          break;
+        case "capacity":
+          if (canFire) this.guard(round, m.taskId, () => this.onDue(round, m.taskId, m.dueMs, now));
+          else round.redisAdd.push({ id: m.taskId, dueMs: m.dueMs });
+          // Not used (paused, removed, rescheduled meanwhile, or the shard is handing over): the
+          // place goes to the next waiter.
+          if (this.reserved.delete(m.taskId)) this.d.limiter.release(m.executor);
           break;
       }
     }
@@ -542,10 +556,26 @@ export class ShardActor implements EventSink {
     // Decided ahead of its due time: dispatched (released) at the due time, recorded as fired then.
     const releaseAt = opts.manual ? now : Math.max(now, p.dueMs);
     const advanceSchedule = !opts.manual && source !== "dependency";
+    // A scheduled run (or retry, or catch-up) whose executor is full waits for a place, in due
+    // order, instead of being refused: see InFlightLimiter. Manual runs and dependency triggers
+    // keep their own answers (refused to the caller; the trigger comes back).
+    const waits = !opts.manual && source !== "dependency";
+    let placed = false;
+    let waited = false;
+    if (waits) {
+      const reservedFor = this.reserved.get(row.id);
+      if (reservedFor !== undefined) {
+        this.reserved.delete(row.id);
+        if (reservedFor === row.executor) placed = waited = true; else this.d.limiter.release(reservedFor);
+      }
+      if (!placed && !this.d.limiter.tryAcquire(row.executor)) { this.waitForCapacity(lt, p.dueMs); return; }
+      placed = true;
+    }
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
+    if (!res.ok && placed) this.d.limiter.release(row.executor);
     const base: RunInsert = {
       id: runId, taskId: row.id, taskName: row.name, triggerId: opts.manual ? null : p.triggerId, source,
-      dueMs: opts.manual ? now : p.dueMs, slotMs: opts.manual ? null : p.slotMs, dueReason: opts.manual ? `manual run${opts.manual.force ? " (--force)" : ""}` : p.reason,
+      dueMs: opts.manual ? now : p.dueMs, slotMs: opts.manual ? null : p.slotMs, dueReason: opts.manual ? `manual run${opts.manual.force ? " (--force)" : ""}` : waited ? `${p.reason}; it waited for a place at executor ${row.executor} (limit ${this.d.limiter.limitOf(row.executor)} runs in flight per node)` : p.reason,
       firedMs: releaseAt, node: this.d.nodeId, shard: this.shard, epoch: this.epoch, attempt: (row.record as TaskRecord).context.attempt,
       executor: row.executor, state: "running", error: null, causedBy: p.causedBy, upstreamRuns: opts.upstreamRuns ?? null, createdMs: now,
     };
@@ -570,8 +600,8 @@ export class ShardActor implements EventSink {
       } // dependency: the trigger is nak'ed and comes back; the task's own schedule stays as it is
       return;
     }
-    if (!this.d.limiter.tryAcquire(row.executor)) {
-      // Bounded dispatch: refused, not queued. The run goes to retry with backoff.
+    if (!placed && !this.d.limiter.tryAcquire(row.executor)) {
+      // Manual run or dependency trigger at a full executor: refused. The run goes to retry with backoff.
       this.stats.refused++;
       this.transition(lt, { type: "REFUSED", runId, reason: "executor full" });
       const delay = backoffMs(1, Math.max(row.backoffMs, 100), Math.max(row.backoffMaxMs, 1000), this.d.random);
@@ -598,6 +628,29 @@ export class ShardActor implements EventSink {
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
     else round.touched.add(row.id);
+  }
+
+  /**
+   * The task's executor is full: the task keeps its pointer (nothing is written) and waits in the
+   * node's limiter; its `capacity` mail decides it again when a place frees (see onDue, which
+   * also sees a pause or a new schedule that came meanwhile).
+   */
+  private waitForCapacity(lt: LiveTask, dueMs: number): void {
+    const id = lt.row.id;
+    if (this.waitingForCapacity.get(id) === dueMs) return;
+    this.waitingForCapacity.set(id, dueMs);
+    this.stats.waited++;
+    const executor = lt.row.executor;
+    this.d.limiter.wait(executor, {
+      dueMs,
+      wake: () => {
+        if (this.state !== "active" || this.waitingForCapacity.get(id) !== dueMs) return false;
+        this.waitingForCapacity.delete(id);
+        this.reserved.set(id, executor);
+        this.tell({ t: "capacity", taskId: id, dueMs, executor });
+        return true;
+      },
+    });
   }
 
   /** After a scheduled slot fired (or was skipped): remember the slot, point at the next one. */
@@ -987,12 +1040,22 @@ export class ShardActor implements EventSink {
     await this.effects;
     await Promise.all([...this.releases]);
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
+    for (const [id, dueMs] of this.waitingForCapacity) back.push({ id, dueMs });
+    this.waitingForCapacity.clear();
+    this.releaseReserved();
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
     this.state = "stopped";
     this.catchUp.stop();
     this.log.info({ returned: back.length }, "shard:released");
+  }
+
+  /** Places the limiter gave this shard's waiting tasks and no dispatch used: back to the next waiter. */
+  private releaseReserved(): void {
+    const places = [...this.reserved.values()];
+    this.reserved.clear();
+    for (const executor of places) this.d.limiter.release(executor);
   }
 
   /** Lease lost, or a round/start that failed: stop now, write nothing more. `reason` says which. */
@@ -1005,6 +1068,8 @@ export class ShardActor implements EventSink {
     for (const c of this.consumers) void c.close().catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
+    this.waitingForCapacity.clear();
+    this.releaseReserved();
     for (const m of this.mail) {
       if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner

@@ -80,32 +80,39 @@ describe("crashes", () => {
     expect(later.map((r) => [r.source, r.state])).toEqual([["misfire", "success"]]);
   });
 
-  it("more dispatches than the in-flight bound: the excess goes to retry with a recorded reason, none is lost", async () => {
+  it("more runs due than the in-flight bound: the excess waits for a place, earliest due first; nothing refused, lost or doubled", async () => {
     tc = new TestCluster("bound", { AX_MAX_IN_FLIGHT: "5" });
     await tc.startNode("n1");
     await tc.waitForShards();
-    let inFlight = 0; let maxInFlight = 0; const done = new Set<string>();
+    let inFlight = 0; let maxInFlight = 0; const started: Array<{ task: string; at: number }> = [];
     const ex = await tc.startExecutor("slow", async (ctx) => {
       inFlight++; maxInFlight = Math.max(maxInFlight, inFlight);
-      await sleep(700);
-      inFlight--; done.add(ctx.taskName);
+      started.push({ task: ctx.taskName, at: Date.now() });
+      await sleep(400);
+      inFlight--;
     });
     await ex.registered;
     const client = await tc.client();
-    const at = new Date(Date.now() + 1500).toISOString();
-    for (let i = 0; i < 20; i++) await client.call("task.create", { name: `b${i}`, executor: "slow", at, backoff: "300ms" });
-    await waitFor(() => done.size === 20, 30_000, "all 20 ran");
+    // Two waves: the early wave (due first) must all start before any of the late wave.
+    const base = Date.now() + 2000;
+    const early = Array.from({ length: 15 }, (_, i) => ({ name: `e${i}`, executor: "slow", at: new Date(base).toISOString() }));
+    const late = Array.from({ length: 15 }, (_, i) => ({ name: `l${i}`, executor: "slow", at: new Date(base + 300).toISOString() }));
+    await client.call("task.bulkCreate", { tasks: [...early, ...late] });
+    await waitFor(() => started.length === 30, 30_000, "all 30 ran");
+    await sleep(500);
+    expect(started).toHaveLength(30);
+    expect(new Set(started.map((s) => s.task)).size).toBe(30);
     expect(maxInFlight).toBeLessThanOrEqual(5);
-    let refused = 0;
-    for (let i = 0; i < 20; i++) {
-      const runs = await client.call<Run[]>("runs", { task: `b${i}` });
-      expect(runs.filter((r) => r.state === "success")).toHaveLength(1);
-      for (const r of runs.filter((x) => x.state === "refused")) {
-        refused++;
-        expect(r.error).toMatch(/refused: executor slow has 5 runs in flight \(limit 5\); retry in \d+ms/);
-      }
+    const lastEarly = Math.max(...started.map((s, i) => (s.task.startsWith("e") ? i : -1)));
+    const firstLate = started.findIndex((s) => s.task.startsWith("l"));
+    expect(lastEarly, "every run due earlier got its place before any due later").toBeLessThan(firstLate);
+    let waited = 0;
+    for (const t of [...early, ...late]) {
+      const runs = await client.call<Run[]>("runs", { task: t.name });
+      expect(runs.map((r) => r.state), t.name).toEqual(["success"]);
+      if (/waited for a place at executor slow \(limit 5 runs in flight per node\)/.test(runs[0]!.dueReason ?? "")) waited++;
     }
-    expect(refused).toBeGreaterThanOrEqual(15);
+    expect(waited, "runs that waited say so in their reason").toBeGreaterThanOrEqual(20);
   });
 
   it("SIGTERM stops a node gracefully: it exits 0 and hands its leases back at once", async () => {
