@@ -347,8 +347,7 @@ export class ShardSupervisor {
     try {
       const rows = await this.o.store.listShards();
       this.pins = new Map(rows.filter((r) => r.pinnedTo).map((r) => [r.shard, r.pinnedTo!]));
-      const r = await this.o.store.pool.query("select value from meta where key = 'drained'");
-      this.drained = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      this.drained = new Set(await this.o.store.drainedNodes());
       this.pinsUnreadable = false;
     } catch (e) {
       // Once per outage: it is retried every heartbeat, and the outage has its own line.

@@ -215,7 +215,7 @@ function inItem(e: unknown, i: number): unknown {
 export class Api {
   private readonly limits: ApiLimits;
   private readonly audit: AuditLog;
-  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.pool); }
+  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit); }
 
   /**
    * One operation. Whatever the input, a refusal is an AxError naming the field (a 4xx over
@@ -519,8 +519,8 @@ export class Api {
     const rows = await this.d.store.listShards();
     const counts = await this.d.store.countTasksByShard();
     const now = this.d.clock.now();
-    const lag = await this.d.store.pool.query("select shard, min(next_due_ms) as oldest from tasks where next_due_ms < $1 group by shard", [now - 1000]);
-    const lagBy = new Map(lag.rows.map((r) => [r.shard as number, now - (r.oldest as number)]));
+    const oldest = await this.d.store.oldestOverdueByShard(now - 1000);
+    const lagBy = new Map([...oldest].map(([shard, dueMs]) => [shard, now - dueMs]));
     return rows.map((r) => ({ shard: r.shard, owner: r.owner, epoch: r.epoch, pinnedTo: r.pinnedTo, tasks: counts.get(r.shard)?.tasks ?? 0,
       dueSoon: counts.get(r.shard)?.dueSoon ?? 0, lagMs: lagBy.get(r.shard) ?? 0 }));
   }

@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Cluster, Redis } from "ioredis";
-import type pg from "pg";
+import type { Store } from "../actors/index.ts";
 import type { Clock, Logger } from "../common/index.ts";
 import type { Metrics } from "./metrics.ts";
 
@@ -11,7 +11,8 @@ export const DEPENDENCIES: readonly Dependency[] = ["postgres", "redis", "nats"]
 interface DepState { up: boolean; reason: string | null; sinceMono: number; timeouts: number; probing: boolean }
 
 export interface DependencyHealthOptions {
-  pool: pg.Pool;
+  /** PostgreSQL is probed through the store. */
+  store: Pick<Store, "ping">;
   redis: Redis | Cluster;
   nc: NatsConnection;
   jsm: JetStreamManager;
@@ -108,7 +109,7 @@ export class DependencyHealth {
 
   private ask(d: Dependency): Promise<unknown> {
     switch (d) {
-      case "postgres": return this.o.pool.query("select 1");
+      case "postgres": return this.o.store.ping();
       case "redis": return this.o.redis.ping();
       // JetStream, not only the connection: a server up without its JetStream (or without a
       // quorum for the namespace's streams) fires nothing either.

@@ -119,7 +119,7 @@ export class AxNode {
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
     const kv = await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1, replicas: c.replicas }));
     this.health = new DependencyHealth({
-      pool: this.store.pool, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
+      store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat.
       onChange: (_d, up) => { if (up) this.supervisor?.kick(); },
     });
@@ -314,9 +314,9 @@ export class AxNode {
     const fromPg = await (async () => {
       const shards = await this.store.listShards();
       const executors = await this.store.listExecutors();
-      const r = await this.store.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
-      const drained = ((await this.store.pool.query("select value from meta where key = 'drained'")).rows[0]?.value ?? []) as string[];
-      return { shards: shards.map((s) => s.shard), executors, tasks: r.rows[0].tasks as number, running: r.rows[0].running as number, drained };
+      const { tasks, running } = await this.store.taskCounts();
+      const drained = await this.store.drainedNodes();
+      return { shards: shards.map((s) => s.shard), executors, tasks, running, drained };
     })().catch(() => null);
     const shardIds = fromPg?.shards ?? Array.from({ length: this.shardCount }, (_, i) => i);
     return {

@@ -1,8 +1,7 @@
 import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
-import type pg from "pg";
 import type { Logger, Names } from "../../common/index.ts";
 import { DEPENDENCY_CONSUMER, OutcomeBatchSchema, decode, derivedRunId, encode, type DependencyTrigger, type Outcome } from "../../protocol/index.ts";
-import type { Store } from "../store/index.ts";
+import type { Downstream, Edge, EdgeTransaction, Store } from "../store/index.ts";
 
 export interface DependencyActorDeps {
   store: Store;
@@ -17,39 +16,8 @@ export interface DependencyActorDeps {
 /** The run id a shard derives from a due trigger (ShardActor.onDependencyTrigger uses the same formula). */
 export const dependencyRunId = (taskId: number, key: string): string => derivedRunId("rd", `${taskId}:${key}`);
 
-interface Edge {
-  upstream: number;
-  name: string;
-  createdMs: number;
-  satisfiedRun: string | null;
-  satisfiedMs: number | null;
-  seenRun: string | null;
-  seenMs: number | null;
-  triggerKey: string | null;
-  triggerMs: number | null;
-}
-
-interface Downstream { id: number; name: string; shard: number }
-
 /** A due trigger still without its run this long after it was sent, while its task was free to run it, counts as lost. */
 const PENDING_TRIGGER_LOST_MS = 5 * 60_000;
-
-/**
- * The newest run of each upstream, when it ended its chain (success, or failed/timed out with no
- * attempt left) and some edge has not applied it yet: an outcome whose message was never
- * published (the node died between recording the run and publishing) is found here.
- */
-const LOST_OUTCOMES_SQL = `
-select x.task_id, x.id, x.state, x.error, x.created_ms, x.finished_ms
-from (select distinct upstream from dependencies) u
-join tasks t on t.id = u.upstream
-cross join lateral (
-  select r.task_id, r.id, r.state, r.attempt, r.error, r.created_ms, r.finished_ms from runs r
-  where r.task_id = u.upstream and r.state <> 'skipped' order by r.created_ms desc limit 1) x
-where (x.state = 'success' or (x.state in ('failed', 'timed_out')
-        and (x.attempt >= t.max_attempts or (t.state = 'failed' and t.record->>'r' = x.id))))
-  and exists (select 1 from dependencies d where d.upstream = u.upstream and d.seen_run is distinct from x.id
-        and (d.seen_ms is null or d.seen_ms <= x.created_ms) and d.created_ms <= x.created_ms)`;
 
 /**
  * Advances dependency graphs from run-chain outcomes. Consumes `<ns>.outcome.>` with one
@@ -147,37 +115,17 @@ export class DependencyActor {
     this.stats.triggers++;
   }
 
-  private tx<T>(fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
-    return this.d.store.transaction(fn);
-  }
-
-  /** D's edges, locked in upstream order (every writer locks them the same way: no deadlock). */
-  private async lockEdges(c: pg.PoolClient, downstream: number): Promise<Edge[]> {
-    const r = await c.query(
-      `select d.upstream, t.name, d.created_ms, d.satisfied_run, d.satisfied_ms, d.seen_run, d.seen_ms, d.trigger_key, d.trigger_ms
-       from dependencies d join tasks t on t.id = d.upstream where d.downstream = $1 order by d.upstream for update of d`, [downstream]);
-    return r.rows.map((x) => ({
-      upstream: x.upstream, name: x.name, createdMs: x.created_ms, satisfiedRun: x.satisfied_run, satisfiedMs: x.satisfied_ms,
-      seenRun: x.seen_run, seenMs: x.seen_ms, triggerKey: x.trigger_key, triggerMs: x.trigger_ms,
-    }));
-  }
-
   async onOutcome(o: Outcome): Promise<void> {
     this.stats.outcomes++;
-    const pool = this.d.store.pool;
-    const [up, run, downs] = await Promise.all([
-      pool.query("select name from tasks where id = $1", [o.taskId]),
-      pool.query("select created_ms from runs where id = $1", [o.runId]),
-      pool.query("select t.id, t.name, t.shard from dependencies d join tasks t on t.id = d.downstream where d.upstream = $1 order by t.id", [o.taskId]),
-    ]);
-    const upName = (up.rows[0]?.name as string | undefined) ?? String(o.taskId);
+    const ctx = await this.d.store.edges.outcomeContext(o.taskId, o.runId);
+    const upName = ctx.upstreamName ?? String(o.taskId);
     // Outcomes of one upstream are ordered by when their run was created (the shard's clock at fire time).
-    const orderMs = (run.rows[0]?.created_ms as number | undefined) ?? o.at;
-    for (const down of downs.rows as Downstream[]) await this.tx((c) => this.applyToEdge(c, down, o, orderMs, upName));
+    const orderMs = ctx.runCreatedMs ?? o.at;
+    for (const down of ctx.downstreams) await this.d.store.edges.transaction((t) => this.applyToEdge(t, down, o, orderMs, upName));
   }
 
-  private async applyToEdge(c: pg.PoolClient, down: Downstream, o: Outcome, orderMs: number, upName: string): Promise<void> {
-    const edges = await this.lockEdges(c, down.id);
+  private async applyToEdge(t: EdgeTransaction, down: Downstream, o: Outcome, orderMs: number, upName: string): Promise<void> {
+    const edges = await t.lockEdges(down.id);
     const e = edges.find((x) => x.upstream === o.taskId);
     if (!e) return; // edge removed meanwhile
     const stale = e.seenRun === o.runId || (e.seenMs !== null && orderMs < e.seenMs)
@@ -188,8 +136,7 @@ export class DependencyActor {
     const ok = o.outcome === "success";
     e.seenRun = o.runId; e.seenMs = orderMs;
     e.satisfiedRun = ok ? o.runId : null; e.satisfiedMs = ok ? o.at : null;
-    await c.query("update dependencies set seen_run = $3, seen_ms = $4, satisfied_run = $5, satisfied_ms = $6 where downstream = $1 and upstream = $2",
-      [down.id, o.taskId, e.seenRun, e.seenMs, e.satisfiedRun, e.satisfiedMs]);
+    await t.saveSeen(down.id, e);
     if (!ok) {
       await this.publish(down.shard, {
         v: 1, kind: "upstream_failed", taskId: down.id, key: `uf:${o.runId}`, upstreamRuns: [o.runId], at: this.now(),
@@ -198,34 +145,30 @@ export class DependencyActor {
       });
       return;
     }
-    await this.evaluate(c, down, edges);
+    await this.evaluate(t, down, edges);
   }
 
   /** With D's edges locked: publish D's due trigger if every upstream has succeeded since D last ran. */
-  private async evaluate(c: pg.PoolClient, down: Downstream, edges: Edge[]): Promise<boolean> {
+  private async evaluate(t: EdgeTransaction, down: Downstream, edges: Edge[]): Promise<boolean> {
     if (!edges.length || edges.some((x) => !x.satisfiedRun)) return false;
     const pending = edges.find((x) => x.triggerKey);
-    if (pending && !(await c.query("select 1 from runs where id = $1", [dependencyRunId(down.id, pending.triggerKey!)])).rowCount) {
+    if (pending && !(await t.runExists(dependencyRunId(down.id, pending.triggerKey!)))) {
       // Outstanding: it comes back until the shard runs it (a running or paused D naks it). Only
       // a trigger that is old while D could have run it is taken as lost, so D never stalls.
       const age = this.now() - (pending.triggerMs ?? 0);
       if (age < PENDING_TRIGGER_LOST_MS) return false;
-      const st = (await c.query("select state from tasks where id = $1", [down.id])).rows[0]?.state as string | undefined;
+      const st = await t.taskState(down.id);
       if (st === "running" || st === "paused" || st === "cancelled") return false;
       this.d.log.warn({ taskId: down.id, key: pending.triggerKey, ageMs: age }, "dependency trigger never turned into a run; sending a new one");
     }
     // "Since D last ran": a run of D fired after an upstream succeeded (by its own trigger, by
     // hand, or the outstanding trigger's run) uses that success up. This is also what makes
     // successes that arrived while a trigger was outstanding coalesce into that trigger's run.
-    const last = await c.query(
-      "select fired_ms from runs where task_id = $1 and state not in ('skipped', 'refused') and fired_ms is not null order by created_ms desc limit 1",
-      [down.id]);
-    const lastRanMs = last.rows[0]?.fired_ms as number | undefined;
+    const lastRanMs = await t.lastFiredMs(down.id);
     if (lastRanMs !== undefined) {
       const used = edges.filter((x) => (x.satisfiedMs ?? 0) < lastRanMs);
       if (used.length) {
-        await c.query("update dependencies set satisfied_run = null, satisfied_ms = null where downstream = $1 and upstream = any($2::bigint[])",
-          [down.id, used.map((x) => x.upstream)]);
+        await t.clearSatisfied(down.id, used.map((x) => x.upstream));
         for (const x of used) { x.satisfiedRun = null; x.satisfiedMs = null; }
         return false;
       }
@@ -237,39 +180,28 @@ export class DependencyActor {
       v: 1, kind: "due", taskId: down.id, key, upstreamRuns: runs, at: now,
       reason: `ran because ${edges.map((x) => `${x.name} (run ${x.satisfiedRun})`).join(" and ")} succeeded`,
     });
-    await c.query("update dependencies set satisfied_run = null, satisfied_ms = null, trigger_key = $2, trigger_ms = $3 where downstream = $1", [down.id, key, now]);
+    await t.consumeInto(down.id, key, now);
     for (const x of edges) { x.satisfiedRun = null; x.satisfiedMs = null; x.triggerKey = key; x.triggerMs = now; }
     return true;
   }
 
   private async reconcile(): Promise<void> {
     if (this.stopped) return;
-    const pool = this.d.store.pool;
-    const lockKey = `ax-deps-reconcile:${this.d.store.schema}`;
-    const c = await pool.connect();
-    try {
-      if (!(await c.query("select pg_try_advisory_lock(hashtext($1)) as ok", [lockKey])).rows[0].ok) return; // another node is at it
-      try {
-        const lost = await c.query(LOST_OUTCOMES_SQL);
-        for (const r of lost.rows) {
-          if (this.stopped) return;
-          this.stats.reconciled++;
-          this.d.log.warn({ taskId: r.task_id, runId: r.id, state: r.state }, "dependency outcome was not delivered; applying it from the run history");
-          await this.onOutcome({
-            taskId: r.task_id, runId: r.id, outcome: r.state === "success" ? "success" : "failed", at: r.finished_ms ?? this.now(),
-            ...(r.error ? { reason: r.error as string } : {}),
-          });
-        }
-        const ready = await c.query(
-          `select t.id, t.name, t.shard from tasks t where t.id in
-             (select downstream from dependencies group by downstream having bool_and(satisfied_run is not null)) order by t.id`);
-        for (const down of ready.rows as Downstream[]) {
-          if (this.stopped) return;
-          await this.tx(async (tc) => { await this.evaluate(tc, down, await this.lockEdges(tc, down.id)); });
-        }
-      } finally {
-        await c.query("select pg_advisory_unlock(hashtext($1))", [lockKey]).catch(() => undefined);
+    const edges = this.d.store.edges;
+    await edges.whileReconcileLocked(async () => { // false: another node is at it
+      for (const r of await edges.lostOutcomes()) {
+        if (this.stopped) return;
+        this.stats.reconciled++;
+        this.d.log.warn({ taskId: r.taskId, runId: r.runId, state: r.state }, "dependency outcome was not delivered; applying it from the run history");
+        await this.onOutcome({
+          taskId: r.taskId, runId: r.runId, outcome: r.state === "success" ? "success" : "failed", at: r.finishedMs ?? this.now(),
+          ...(r.error ? { reason: r.error } : {}),
+        });
       }
-    } finally { c.release(); }
+      for (const down of await edges.readyDownstreams()) {
+        if (this.stopped) return;
+        await edges.transaction(async (t) => { await this.evaluate(t, down, await t.lockEdges(down.id)); });
+      }
+    });
   }
 }

@@ -3,6 +3,8 @@ import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
 import { fullRecord, storedRecord } from "./recordCodec.ts";
+import { DependencyEdges } from "./edges.ts";
+import { AuditTrail } from "./audit.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -47,6 +49,12 @@ function toRun(r: Row): RunRow {
   };
 }
 
+/** The drained set in `meta` (read by the supervisor, the status and setDrained). */
+async function drainedOn(q: pg.Pool | pg.PoolClient): Promise<string[]> {
+  const r = await q.query("select value from meta where key = 'drained'");
+  return (r.rows[0]?.value as string[] | undefined) ?? [];
+}
+
 export interface StoreOptions { pgUrl: string; schema: string; poolSize?: number }
 
 /**
@@ -57,6 +65,9 @@ export class Store {
   readonly pool: pg.Pool;
   private readonly writePool: pg.Pool;
   readonly schema: string;
+  /** The dependency graph's edges (the dependency actor's reads and writes). */
+  readonly edges: DependencyEdges;
+  readonly audit: AuditTrail;
   constructor(opts: StoreOptions) {
     this.schema = opts.schema;
     this.pool = new pg.Pool({
@@ -77,6 +88,8 @@ export class Store {
     // emits 'error' on itself, not on the pool: without a listener of its own that event ends
     // the process. Its query already fails with the same error, so the caller sees it.
     for (const p of [this.pool, this.writePool]) p.on("connect", (c) => { c.on("error", () => undefined); });
+    this.edges = new DependencyEdges(this.pool, this.schema, (fn) => this.transaction(fn));
+    this.audit = new AuditTrail(this.pool);
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
@@ -122,12 +135,29 @@ export class Store {
   setDrained(node: string, drained: boolean): Promise<string[]> {
     return this.transaction(async (c) => {
       await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-drain:${this.schema}`]);
-      const r = await c.query("select value from meta where key = 'drained'");
-      const set = new Set((r.rows[0]?.value as string[] | undefined) ?? []);
+      const set = new Set(await drainedOn(c));
       if (drained) set.add(node); else set.delete(node);
       await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
       return [...set];
     });
+  }
+
+  /** The nodes marked drained (`ax node drain`). */
+  drainedNodes(): Promise<string[]> { return drainedOn(this.pool); }
+
+  /** Answers when PostgreSQL does (the health probe). */
+  async ping(): Promise<void> { await this.pool.query("select 1"); }
+
+  /** Tasks in all, and how many have a run in flight. */
+  async taskCounts(): Promise<{ tasks: number; running: number }> {
+    const r = await this.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
+    return { tasks: r.rows[0].tasks as number, running: r.rows[0].running as number };
+  }
+
+  /** Per shard, the oldest due time of a task that came due before `beforeMs` and has not moved on (a shard that is behind). */
+  async oldestOverdueByShard(beforeMs: number): Promise<Map<number, number>> {
+    const r = await this.pool.query("select shard, min(next_due_ms) as oldest from tasks where next_due_ms < $1 group by shard", [beforeMs]);
+    return new Map(r.rows.map((x) => [x.shard as number, x.oldest as number]));
   }
 
   async listShards(): Promise<ShardRow[]> {
