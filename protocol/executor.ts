@@ -56,6 +56,8 @@ export interface ExecutorOptions {
 }
 
 const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** Lifetime of each pull request on the dispatch consumer (see start()). */
+const DISPATCH_PULL_EXPIRES_MS = 5000;
 /** How often the sweeper checks active runs for their timeout and heartbeat (heartbeats are >= 250 ms apart). */
 const SWEEP_MS = 50;
 
@@ -205,7 +207,11 @@ export class Executor {
     if (this.opts.register !== false) void this.registerLoop();
     if (!mayCreate) await this.registered;
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
-    const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)) });
+    // Pulls of 5 s (idle heartbeats every 2.5 s), not the client's default 30 s: a pull request
+    // held by a server that dies (a consumer leader killed on a cluster, while this instance's own
+    // server stays up, so no reconnect tells it) is noticed after two missed heartbeats and
+    // re-issued, within 5 s instead of 30 s of undelivered dispatches.
+    const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)), expires: DISPATCH_PULL_EXPIRES_MS });
     this.stopConsume = () => { void messages.close(); };
     this.loop = (async () => {
       for await (const m of messages) {
