@@ -248,10 +248,18 @@ export class AxNode {
         "task:stuck": () => this.metrics.stuck.inc(),
       },
     });
+    // Registered before it starts: start() ends with the actor active, its wheel and refill running
+    // and its consumers being bound, and the rounds it runs meanwhile (the misfire catch-ups of a
+    // shard loaded after an outage) are released only if mayRelease finds it here. Unregistered,
+    // they were dropped as "never" while the actor kept the shard: recorded `running`, never
+    // published, timed out.
+    this.actors.set(shard, actor);
+    this.metrics.shards.set(this.actors.size);
     try {
       await actor.start();
     } catch (e) {
       actor.fence(`start failed: ${String(e)}`); // a half-started actor must not keep timers running without a shard
+      forget();
       throw e;
     }
     const sub = this.nc.subscribe(this.names.shardSubject(shard, "cmd"), {
@@ -268,8 +276,6 @@ export class AxNode {
         void actor.command(cmd).then((r) => msg.respond(JSON.stringify(r)));
       },
     });
-    this.actors.set(shard, actor);
-    this.metrics.shards.set(this.actors.size);
     return {
       shard, epoch,
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },

@@ -4,6 +4,7 @@ import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@
 import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
 import { DispatchBatchSchema, DispatchRunSchema, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
+import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
 
 export interface RunContext {
   runId: string;
@@ -55,6 +56,8 @@ export interface ExecutorOptions {
 }
 
 const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** Lifetime of each pull request on the dispatch consumer (see start()). */
+const DISPATCH_PULL_EXPIRES_MS = 5000;
 /** How often the sweeper checks active runs for their timeout and heartbeat (heartbeats are >= 250 ms apart). */
 const SWEEP_MS = 50;
 
@@ -158,10 +161,14 @@ export class Executor {
   private inflightMessages = new Set<Promise<void>>();
   private stopConsume: (() => void) | null = null;
   private eventSeq = 0;
+  /** Event batches JetStream acked lately: published again after a reconnect (see RecentPublishes). */
+  private readonly recent = new RecentPublishes();
+  private toRepublish: RecentPublish[] | null = null;
+  private stopWatching: (() => void) | null = null;
   private registeredResolve!: () => void;
   /** Resolves once a node has recorded this executor (tasks may name it from then on). */
   readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
-  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, malformed: 0 };
+  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, malformed: 0, republished: 0, republishedLanded: 0 };
 
   constructor(opts: ExecutorOptions) {
     if (!EXECUTOR_NAME_RE.test(opts.name)) throw new Error(`executor name ${JSON.stringify(opts.name)}: use letters, digits, _ or - (at most 64)`);
@@ -181,6 +188,9 @@ export class Executor {
       this.ownsConnection = true;
     }
     this.js = jetstream(this.nc);
+    this.stopWatching = watchReconnects(this.nc,
+      () => { this.toRepublish = [...(this.toRepublish ?? []), ...this.recent.takeRecent()]; },
+      () => { const list = this.toRepublish; this.toRepublish = null; if (list?.length) this.republish(list); });
     const jsm = await jetstreamManager(this.nc);
     let durable = this.n.executorConsumer(this.name);
     let mayCreate = true;
@@ -197,7 +207,11 @@ export class Executor {
     if (this.opts.register !== false) void this.registerLoop();
     if (!mayCreate) await this.registered;
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
-    const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)) });
+    // Pulls of 5 s (idle heartbeats every 2.5 s), not the client's default 30 s: a pull request
+    // held by a server that dies (a consumer leader killed on a cluster, while this instance's own
+    // server stays up, so no reconnect tells it) is noticed after two missed heartbeats and
+    // re-issued, within 5 s instead of 30 s of undelivered dispatches.
+    const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)), expires: DISPATCH_PULL_EXPIRES_MS });
     this.stopConsume = () => { void messages.close(); };
     this.loop = (async () => {
       for await (const m of messages) {
@@ -222,6 +236,7 @@ export class Executor {
     if (this.sweeper) { clearInterval(this.sweeper); this.sweeper = null; }
     await this.flush();
     await this.loop?.catch(() => undefined);
+    this.stopWatching?.();
     if (this.ownsConnection) await this.nc?.drain().catch(() => undefined);
   }
 
@@ -372,20 +387,55 @@ export class Executor {
         const [subject, data] = route.node !== null
           ? [this.n.nodeEventsSubject(route.node), encode({ v: 2, executor: this.name, instance: this.instance, node: route.node, events })]
           : [this.n.eventsSubject(route.shard), encode({ v: 1, executor: this.name, instance: this.instance, shard: route.shard, events })];
-        for (let attempt = 0; ; attempt++) {
-          try {
-            // A short timeout: a publish sent into a connection that just dropped is never
-            // answered, and waiting 5 s for that delayed completions by as much after a NATS restart.
-            await this.js!.publish(subject, data, { msgID, timeout: 2000 });
-            return;
-          } catch (e) {
-            // Same msgID on retry: JetStream de-duplicates a publish that did land.
-            if (attempt >= 40) { this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published"); throw e; }
-            await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
-          }
-        }
+        await this.publishEvents(subject, data, msgID).catch((e) => {
+          this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published");
+          throw e;
+        });
+        this.recent.note(subject, data, msgID);
       }));
     })();
     return this.flushing;
+  }
+
+  /** One event batch, retried under the same msgID (JetStream de-duplicates a publish that did land). */
+  private async publishEvents(subject: string, data: Uint8Array, msgID: string): Promise<{ duplicate: boolean }> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        // A short timeout: a publish sent into a connection that just dropped is never
+        // answered, and waiting 5 s for that delayed completions by as much after a NATS restart.
+        const ack = await this.js!.publish(subject, data, { msgID, timeout: 2000 });
+        return { duplicate: ack.duplicate };
+      } catch (e) {
+        if (attempt >= 40) throw e;
+        await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
+      }
+    }
+  }
+
+  /**
+   * After a reconnect: the event batches acked in the seconds before the connection dropped are
+   * published again under their own ids. A server that kept them drops the copies; one that lost
+   * them on a restart (see RecentPublishes) stores them now. Queued behind the flushes, so stop()
+   * waits for it.
+   */
+  private republish(list: RecentPublish[]): void {
+    const prev = this.flushing;
+    this.flushing = (async () => {
+      await prev.catch(() => undefined);
+      let landed = 0;
+      for (const p of list) {
+        try {
+          if (!(await this.publishEvents(p.subject, p.data, p.msgID)).duplicate) landed++;
+          this.stats.republished++;
+          this.recent.note(p.subject, p.data, p.msgID);
+        } catch (e) {
+          this.log.error({ err: e, msgID: p.msgID }, "events could not be published again after a reconnect");
+        }
+      }
+      this.stats.republishedLanded += landed;
+      // Any that land again were acknowledged and then lost by the server (or the outage outlasted
+      // the duplicate window): worth a line.
+      if (landed) this.log.warn({ batches: list.length, landed }, "event batches published again after a reconnect: some were missing from the stream");
+    })();
   }
 }

@@ -660,7 +660,10 @@ const INSERT_DISPATCHES = `insert into dispatches (id, executor, node, run_ids, 
 const UPDATE_RUNS = `${FENCE_CTE}
   update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
     finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
-    error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
+    error = coalesce(u.error, r.error),
+    -- A run that has its own outcome keeps it: a completion seen again (redelivered, or re-published
+    -- after a NATS restart to a shard loaded afresh) is not a late one.
+    late_outcome = case when r.state in ('success', 'failed') then r.late_outcome else coalesce(u.late, r.late_outcome) end
   from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
   where r.id = u.id and r.shard = u.shard and u.shard in (select shard from ok)`;
 

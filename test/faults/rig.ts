@@ -350,6 +350,8 @@ export interface ScenarioReport {
   completions: number;
   nodeAlive: boolean;
   warnings: Record<string, number>;
+  /** The executor SDK's counts: event batches published again after a reconnect (and how many of them the server had lost). */
+  executor: { republished: number; republishedLanded: number; expired: number; duplicates: number };
 }
 
 /**
@@ -373,6 +375,7 @@ export async function runScenario(name: string, fault: (rig: FaultRig) => Promis
       scenario: name, recoveryMs: rig.recoveryMs(backAt, everyNames), lost: verdict.lost.length, doubledSlots: verdict.doubledSlots.length,
       doubledRuns: verdict.doubledRuns.length, timedOutButDone: verdict.timedOutButDone.length, lateAfterTimeout: verdict.lateAfterTimeout.length, completions: rig.completions.length,
       nodeAlive: rig.nodeAlive(), warnings: rig.logSummary(),
+      executor: { republished: rig.executor!.stats.republished, republishedLanded: rig.executor!.stats.republishedLanded, expired: rig.executor!.stats.expired, duplicates: rig.executor!.stats.duplicates },
     };
     // One line per scenario in the test output: the figures the issue asks for.
     process.stdout.write(`[fault] ${JSON.stringify(report)}\n`);

@@ -73,6 +73,15 @@ describe("store", () => {
     expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9, executorInstance: "i1" });
   });
 
+  it("records a late outcome on a timed-out run only: a run with its own outcome keeps it when its completion is seen again", async () => {
+    const t = (await store.getTask("a"))!;
+    await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [run("late1", t.id, 1, 11), run("late2", t.id, 1, 11)], runUpdates: [], taskUpdates: [] }]);
+    await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [], runUpdates: [{ id: "late1", state: "timed_out", finishedMs: 9 }, { id: "late2", state: "success", finishedMs: 9 }], taskUpdates: [] }]);
+    await store.writeBatch([{ shard: 1, epoch: 11, runInserts: [], runUpdates: [{ id: "late1", lateOutcome: "success" }, { id: "late2", lateOutcome: "success" }], taskUpdates: [] }]);
+    expect(await store.getRun("late1")).toMatchObject({ state: "timed_out", lateOutcome: "success" });
+    expect(await store.getRun("late2")).toMatchObject({ state: "success", lateOutcome: null });
+  });
+
   it("a fenced batch and a concurrent claim serialize: the claim waits for the batch", async () => {
     const t = (await store.getTask("a"))!;
     const writes = Array.from({ length: 20 }, (_, i) => store.writeBatch([{ shard: 1, epoch: 11, runInserts: [run(`c${i}`, t.id, 1, 11)], runUpdates: [], taskUpdates: [] }]));
