@@ -1,7 +1,7 @@
 export { ShardActor, type ShardActorDeps, type ShardCommand, type CommandReply, type ShardEvents } from "./shard/shardActor.ts";
 export { nextPointer, backoffMs, compiledOf, TriggerStuckError, isTriggerStuck, type Pointer } from "./shard/schedule.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
-export { Persister } from "./persister.ts";
+export { Persister, replayParts } from "./persister.ts";
 export { NodeEvents } from "./events/index.ts";
 export { InFlightLimiter } from "./limiter.ts";
 export { Store, DueIndex, findCycle } from "./store/index.ts";

@@ -217,7 +217,15 @@ export class Persister {
     if (!runs.length) return Promise.resolve();
     this.stats.messages++;
     const at = this.d.clock.now();
-    return publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs).then(
+    // Part of the message stays back (a shard lost meanwhile): note which part goes out, so the
+    // lost shard's next owner re-publishes the rest under another id (see replayParts). If the
+    // note cannot be written the part goes out anyway: delivering these runs comes first.
+    const noted = runs.length < m.runs.length
+      ? this.d.store.markPartialRelease(m.id, [...verdicts].filter(([, v]) => v === "yes").map(([s]) => s)).catch((e: unknown) => {
+        this.d.log.warn({ err: String(e), msgID: m.id }, "could not note a partly released dispatch; the rest of it may wait for its runs' timeout");
+      })
+      : Promise.resolve();
+    return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs)).then(
       () => this.d.onReleased?.(runs, at),
       (e) => {
         this.stats.publishFailures++;
@@ -238,6 +246,22 @@ export class Persister {
       }
     }
   }
+}
+
+/**
+ * The messages that re-publish a recorded dispatch message's unstarted runs. Whole: one message
+ * under its id (dropped by JetStream if the first publish landed). Partly released (its node
+ * lost a shard between record and release and sent only the other shards' runs): the released
+ * part under its id, as it was sent, and the rest under a second id; each is dropped as a
+ * duplicate if it landed before, so every run goes out once whoever re-publishes first.
+ */
+export function replayParts<R extends { shard: number }>(id: string, releasedShards: readonly number[] | null, runs: readonly R[]): Array<{ id: string; runs: R[] }> {
+  if (releasedShards === null) return runs.length ? [{ id, runs: [...runs] }] : [];
+  const released = new Set(releasedShards);
+  return [
+    { id, runs: runs.filter((r) => released.has(r.shard)) },
+    { id: `${id}:rest`, runs: runs.filter((r) => !released.has(r.shard)) },
+  ].filter((p) => p.runs.length > 0);
 }
 
 /**

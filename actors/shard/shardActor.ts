@@ -11,7 +11,7 @@ import { HashedWheel, type WheelRef } from "../wheel/index.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
-import { publishDispatch, type Persister, type ShardDispatchRun } from "../persister.ts";
+import { publishDispatch, replayParts, type Persister, type ShardDispatchRun } from "../persister.ts";
 import { backoffMs, compiledOf, nextPointer, type Pointer } from "./schedule.ts";
 
 export interface ShardActorDeps {
@@ -950,8 +950,8 @@ export class ShardActor implements EventSink {
       const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
         payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id) }));
       // Recorded ahead of their due time by the previous owner: published at it, never before.
-      const send = () => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs)
-        .catch((e) => this.log.error({ err: String(e), msgID: m.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"));
+      const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs)
+        .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
       const releaseAt = Math.max(...runs.map((r) => r.firedAt));
       if (releaseAt <= now) jobs.push(send());
       else atWallTime(this.d.clock, releaseAt, () => { if (this.state === "active" || this.state === "stopping") void send(); });

@@ -236,9 +236,21 @@ create table dispatches (
 create index dispatches_created on dispatches (created_ms);
 `,
   },
+  {
+    version: 17,
+    name: "partly released dispatch messages",
+    // A message released while one of its shards was lost goes out with the other shards' runs
+    // only. The shards it went out with are noted here first, so whoever re-publishes the
+    // message sends that part under the message's id (dropped as a duplicate if it landed) and
+    // the rest under a second id (see replayParts): re-publishing the whole message under the
+    // first id was dropped as a duplicate, and the lost shard's runs never went out.
+    sql: `alter table dispatches add column released_shards int[];`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+/** Every migration's version, in the order they apply. */
+export const SCHEMA_VERSIONS: readonly number[] = MIGRATIONS.map((m) => m.version);
 
 export function quoteIdent(id: string): string {
   return `"${id.replace(/"/g, '""')}"`;

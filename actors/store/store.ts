@@ -530,20 +530,25 @@ export class Store {
    * (payload and timeout from the task). Runs of every shard of the message are included, so the
    * message goes out complete whoever publishes it.
    */
-  async dispatchReplay(ids: string[]): Promise<Array<{ id: string; executor: string; node: string; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>> {
+  async dispatchReplay(ids: string[]): Promise<Array<{ id: string; executor: string; node: string; releasedShards: number[] | null; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>> {
     if (!ids.length) return [];
-    const r = await this.pool.query(`select d.id as d_id, d.executor as d_executor, d.node as d_node, x.ord, r.*, t.payload as t_payload, t.timeout_ms as t_timeout
+    const r = await this.pool.query(`select d.id as d_id, d.executor as d_executor, d.node as d_node, d.released_shards as d_released, x.ord, r.*, t.payload as t_payload, t.timeout_ms as t_timeout
       from dispatches d cross join lateral unnest(d.run_ids) with ordinality x(run_id, ord)
       join runs r on r.id = x.run_id join tasks t on t.id = r.task_id
       where d.id = any($1::text[]) and r.state = 'running' and r.started_ms is null order by d.id, x.ord`, [ids]);
-    const out = new Map<string, { id: string; executor: string; node: string; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>();
+    const out = new Map<string, { id: string; executor: string; node: string; releasedShards: number[] | null; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>();
     for (const row of r.rows as Row[]) {
       const id = row.d_id as string;
       let m = out.get(id);
-      if (!m) { m = { id, executor: row.d_executor as string, node: row.d_node as string, runs: [] }; out.set(id, m); }
+      if (!m) { m = { id, executor: row.d_executor as string, node: row.d_node as string, releasedShards: (row.d_released as number[] | null) ?? null, runs: [] }; out.set(id, m); }
       m.runs.push({ ...toRun(row), payload: row.t_payload, timeoutMs: row.t_timeout as number });
     }
     return [...out.values()];
+  }
+
+  /** Notes that a recorded message goes out with the runs of these shards only (see replayParts). */
+  async markPartialRelease(id: string, shards: number[]): Promise<void> {
+    await this.pool.query("update dispatches set released_shards = $2 where id = $1", [id, shards]);
   }
 
   /** Dispatch message records older than `beforeMs` (past JetStream's duplicate window, no use any more). */

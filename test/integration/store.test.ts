@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DueIndex, LATEST_SCHEMA_VERSION, Store, findCycle, type NewTask, type RunInsert, type TaskUpdate } from "../../actors/store/index.ts";
+import { DueIndex, SCHEMA_VERSIONS, Store, findCycle, type NewTask, type RunInsert, type TaskUpdate } from "../../actors/store/index.ts";
+import { replayParts } from "../../actors/index.ts";
 import { testNamespace, testConfig } from "../helpers.ts";
 
 const ns = testNamespace("store");
@@ -28,7 +29,7 @@ beforeAll(async () => {
   const other = new Store({ pgUrl: cfg.pgUrl, schema: ns });
   const [a, b] = await Promise.all([store.migrate(), other.migrate()]);
   await other.close();
-  expect([...a.applied, ...b.applied]).toEqual(Array.from({ length: LATEST_SCHEMA_VERSION }, (_, i) => i + 1));
+  expect([...a.applied, ...b.applied]).toEqual([...SCHEMA_VERSIONS]);
   expect(await store.initShardCount(4)).toBe(4);
   expect(await store.initShardCount(64)).toBe(4); // fixed at creation
   await store.upsertExecutor("ex", "nats", null, 1000);
@@ -71,6 +72,27 @@ describe("store", () => {
     expect(good.stale).toEqual([]);
     // The two updates of one run in one batch fold into one row: neither loses a field.
     expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9, executorInstance: "i1" });
+  });
+
+  it("a partly released dispatch message is noted, and its replay is split into the part sent and the rest", async () => {
+    const t = await store.createTask(newTask("partial", { shardOf: () => 2 }));
+    expect(await store.claimShard(2, "n1", 20, 1)).toBe(true);
+    expect(await store.claimShard(3, "n1", 21, 1)).toBe(true);
+    const runs = [run("pr1", t.id, 2, 20), run("pr2", t.id, 3, 21), run("pr3", t.id, 3, 21)];
+    const w = await store.writeBatch([
+      { shard: 2, epoch: 20, runInserts: [{ ...runs[0]!, dispatchId: "d:pr1" }], runUpdates: [], taskUpdates: [] },
+      { shard: 3, epoch: 21, runInserts: [{ ...runs[1]!, dispatchId: "d:pr1" }, { ...runs[2]!, dispatchId: "d:pr1" }], runUpdates: [], taskUpdates: [] },
+    ], [{ id: "d:pr1", executor: "ex", node: "n1", runIds: ["pr1", "pr2", "pr3"], createdMs: 5000 }]);
+    expect(w.stale).toEqual([]);
+    const [whole] = await store.dispatchReplay(["d:pr1"]);
+    expect(whole!.releasedShards).toBeNull();
+    expect(replayParts(whole!.id, whole!.releasedShards, whole!.runs).map((p) => [p.id, p.runs.map((r) => r.id)])).toEqual([["d:pr1", ["pr1", "pr2", "pr3"]]]);
+    // Shard 3 was lost between record and release: only shard 2's run went out under the id.
+    await store.markPartialRelease("d:pr1", [2]);
+    const [partial] = await store.dispatchReplay(["d:pr1"]);
+    expect(partial!.releasedShards).toEqual([2]);
+    expect(replayParts(partial!.id, partial!.releasedShards, partial!.runs).map((p) => [p.id, p.runs.map((r) => r.id)]))
+      .toEqual([["d:pr1", ["pr1"]], ["d:pr1:rest", ["pr2", "pr3"]]]);
   });
 
   it("records a late outcome on a timed-out run only: a run with its own outcome keeps it when its completion is seen again", async () => {
