@@ -74,6 +74,8 @@ const BYTES_PER_MESSAGE = 512 * 1024;
 export class Persister {
   private queue: Array<{ write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }> = [];
   private inFlight = 0;
+  /** Runs whose message is being published (tried again until it lands while their shards are held). */
+  private readonly publishing = new Set<string>();
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
@@ -225,13 +227,23 @@ export class Persister {
         this.d.log.warn({ err: String(e), msgID: m.id }, "could not note a partly released dispatch; the rest of it may wait for its runs' timeout");
       })
       : Promise.resolve();
-    return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs)).then(
+    // Tried again until it lands while this node holds every shard of it (a NATS restart or a
+    // stream leader election of several seconds delays these runs; it must not lose them), and
+    // the shards hold their runs' timeouts meanwhile (isPublishing): a run whose dispatch is not
+    // visible yet cannot be running anywhere.
+    const shards = [...new Set(runs.map((r) => r.shard))];
+    for (const r of runs) this.publishing.add(r.runId);
+    return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
+      { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
       () => this.d.onReleased?.(runs, at),
       (e) => {
         this.stats.publishFailures++;
-        this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed; its runs time out and retry");
-      });
+        this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed and a shard of it is no longer held here; its runs time out (or are re-published by the next owner)");
+      }).finally(() => { for (const r of runs) this.publishing.delete(r.runId); });
   }
+
+  /** The run's dispatch message is still being published (its timeout must not start yet). */
+  isPublishing(runId: string): boolean { return this.publishing.has(runId); }
 
   private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {
@@ -268,18 +280,20 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  * Publishes a v2 dispatch message under `msgID`, retrying a few times with the same id (JetStream
  * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
  */
-export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>): Promise<void> {
+export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
+  opts: { keepTrying?: () => boolean } = {}): Promise<void> {
   const data = encode({ v: 2, node: nodeId, runs });
-  // Retried under the same id until it lands (JetStream drops a copy of one that did) or the runs'
-  // own timeout has passed: a NATS restart of a few seconds must delay these runs, not lose them
-  // (a run whose publish gave up after four tries was left to time out, and without retries never ran).
+  // Retried under the same id until it lands (JetStream drops a copy of one that did): while
+  // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
+  // seconds must delay these runs, not lose them (a run whose publish gave up after four tries
+  // was left to time out, and without retries never ran).
   const giveUpAt = Date.now() + Math.max(5000, Math.min(...runs.map((r) => r.timeoutMs)));
   for (let attempt = 0; ; attempt++) {
     try {
       await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 2000 });
       return;
     } catch (e) {
-      if (Date.now() >= giveUpAt) throw e;
+      if (opts.keepTrying ? !opts.keepTrying() : Date.now() >= giveUpAt) throw e;
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }
   }

@@ -710,6 +710,12 @@ export class ShardActor implements EventSink {
   private onTimeout(round: Round, runId: string, now: number): void {
     const run = this.inFlight.get(runId);
     if (!run) { this.timeoutCheckedFrom.delete(runId); return; }
+    if (this.d.persister.isPublishing(runId)) {
+      // Its dispatch is not visible yet (NATS restarting, a stream leader election): nothing can
+      // be running it, and timing it out now would let the late publish run it beside its retry.
+      run.ref = this.wheel.add(now + run.timeoutMs, { k: 1, runId });
+      return;
+    }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;
     if (!this.catchUp.covers(from)) {
       // Its completion may sit unread in the events stream (a reload after an outage, a lagging consumer).
