@@ -7,6 +7,7 @@ import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
 import { packageVersion } from "./version.ts";
 import { hashToken, ROLES, type Role } from "./httpAuth.ts";
+import { registerEditCommands } from "./editCli.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
@@ -200,6 +201,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       print(o.json, r, () => `task ${ref} ${verb}${r.state ? ` (${r.state}${r.nextDueAt ? `, next due ${r.nextDueAt}` : ""})` : ""}`);
     });
   }
+  registerEditCommands(program, task, { withClient, print, out, parseJson: parseJsonFlag });
   const deps = task.command("deps").description("dependency edges: TASK runs after UPSTREAM");
   for (const op of ["add", "rm"] as const) {
     deps.command(`${op} <task> <upstream>`).option("--json").action(async (ref: string, up: string, o: { json?: boolean }) => {

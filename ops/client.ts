@@ -50,5 +50,11 @@ export class AxClient {
     }
     return JSON.parse(new TextDecoder().decode(reply.data)) as Envelope<T> & { next?: Record<string, unknown> };
   }
+  /** Messages on `subject` (JSON) to `fn` until the returned function is called (e.g. an apply's progress on an inbox). */
+  async subscribe<T>(subject: string, fn: (value: T) => void): Promise<() => void> {
+    const sub = this.nc.subscribe(subject, { callback: (err, m) => { if (!err) { try { fn(m.json<T>()); } catch { /* not JSON: ignored */ } } } });
+    await this.nc.flush();
+    return () => sub.unsubscribe();
+  }
   async close(): Promise<void> { await this.nc.drain().catch(() => undefined); }
 }
