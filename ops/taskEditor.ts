@@ -49,8 +49,12 @@ export class TaskEditor {
   readonly history: TaskHistory;
   constructor(private readonly d: EditorDeps) { this.history = new TaskHistory(d.store.pool); }
 
-  /** Compares `args` (a partial spec) with the task; refusals name the field (prefixed by `where`). */
-  planUpdate(row: TaskRow, args: Record<string, unknown>, now: number, where = ""): UpdatePlan {
+  /**
+   * Compares `args` with the task; refusals name the field (prefixed by `where`). `patch` (task.update):
+   * fields not given stay as they are, a new cron keeps the zone and DST policy. `replace` (apply): `args`
+   * is the whole declaration, a field not given takes its default (payload none, timeout 30s, zone UTC…).
+   */
+  planUpdate(row: TaskRow, args: Record<string, unknown>, now: number, where = "", mode: "patch" | "replace" = "patch"): UpdatePlan {
     const at = (f: string) => (where ? `${where}.${f}` : f);
     checkFields(where, args, UPDATE_FIELDS);
     const cur = declaredTask(row, []);
@@ -61,7 +65,9 @@ export class TaskEditor {
       trig = {};
       for (const k of given) trig[k] = args[k];
       // A new cron keeps the zone and DST policy of the old one unless they are given too.
-      if (trig.cron !== undefined && curTrig?.cron !== undefined) for (const f of ["tz", "dstGap", "dstRepeat"]) if (!(f in args) && curTrig[f] !== undefined) trig[f] = curTrig[f];
+      if (mode === "patch" && trig.cron !== undefined && curTrig?.cron !== undefined) for (const f of ["tz", "dstGap", "dstRepeat"]) if (!(f in args) && curTrig[f] !== undefined) trig[f] = curTrig[f];
+    } else if (given.length && mode === "replace") {
+      trig = Object.fromEntries(given.map((k) => [k, args[k]])); // a zone without a cron: the parse refuses it
     } else if (given.length) {
       const f = given[0]!;
       if (curTrig?.cron === undefined) throw new InvalidInputError(at(f), args[f], `only with a cron trigger (the task's trigger is ${row.triggers[0] ? describe(row.triggers[0].spec) : "none: it runs after its upstreams"})`, "AX_E_TRIGGER");
@@ -70,11 +76,11 @@ export class TaskEditor {
     }
     if (trig) for (const k of Object.keys(trig)) if (trig[k] === null) delete trig[k]; // null: back to the default
     // Declared exactly as it is: unchanged (a one-shot `at` that has passed need not parse again).
-    if (trig && curTrig && canonicalJson(trig) === canonicalJson(curTrig)) trig = null;
-    const base: Record<string, unknown> = { ...cur };
+    if (trig && curTrig && sameDeclaredTrigger(trig, curTrig)) trig = null;
+    const base: Record<string, unknown> = mode === "patch" ? { ...cur } : { name: row.name, executor: row.executor };
     for (const k of TRIGGER_FIELDS) delete base[k];
     for (const [k, v] of Object.entries(args)) if (!(TRIGGER_FIELDS as readonly string[]).includes(k) && v !== undefined) base[k] = v;
-    if ("payload" in args && args.payload === null) delete base.payload;
+    if (base.payload === null) delete base.payload;
     // No trigger to parse: a placeholder upstream stands for "the trigger stays as it is".
     const p = this.d.parseSpec(trig ? { ...base, ...trig } : { ...base, after: ["(unchanged)"] }, now);
     const t = p.task;
@@ -105,9 +111,9 @@ export class TaskEditor {
     return this.updateRow(row, change, who, dryRun === true);
   }
 
-  private async updateRow(row: TaskRow, change: Record<string, unknown>, who: string, dryRun: boolean, where = ""): Promise<Record<string, unknown>> {
+  private async updateRow(row: TaskRow, change: Record<string, unknown>, who: string, dryRun: boolean, where = "", mode: "patch" | "replace" = "patch"): Promise<Record<string, unknown>> {
     const now = this.d.clock.now();
-    const plan = this.planUpdate(row, change, now, where);
+    const plan = this.planUpdate(row, change, now, where, mode);
     const changed = Object.keys(plan.summary).length > 0;
     if (plan.fields.executor !== undefined) {
       const ex = await this.d.store.pool.query("select 1 from executors where name = $1", [plan.fields.executor]);
@@ -228,7 +234,7 @@ export class TaskEditor {
       }
       const { name: _n, after: _a, ...change } = s;
       let plan: UpdatePlan;
-      try { plan = this.planUpdate(row, change, now, where); } catch (e) { throw inSpec(e, where); }
+      try { plan = this.planUpdate(row, change, now, where, "replace"); } catch (e) { throw inSpec(e, where); }
       const cur = row.upstreams.map((id) => upNames.get(id) ?? String(id)).sort();
       const depsAdd = after.filter((n) => !cur.includes(n));
       const depsRm = cur.filter((n) => !after.includes(n));
@@ -272,7 +278,7 @@ export class TaskEditor {
         if (x.adopt) await this.d.store.pool.query("update tasks set apply_set = $2 where id = $1", [id, set]);
         if (x.action === "update") {
           const row = await this.d.store.requireTask(id);
-          await this.updateRow(row, x.change!, who, false, `tasks[${x.i}]`);
+          await this.updateRow(row, x.change!, who, false, `tasks[${x.i}]`, "replace");
         }
         for (const u of x.depsAdd) await this.d.store.addDependency(id, ids.get(u) ?? (await this.d.store.requireTask(u)).id, now);
         if (x.action !== "unchanged" || x.depsAdd.length || x.depsRm.length || x.adopt) tick(`${x.action === "unchanged" ? "linked" : "updated"} ${x.name}`);
@@ -294,6 +300,17 @@ export class TaskEditor {
     const ord = topoOrder(rows.map((r) => ({ name: String(r.id), after: edges.filter((e) => e.downstream === r.id).map((e) => String(e.upstream)) })));
     return ord.reverse().map((i) => byId.get(rows[i]!.id)!);
   }
+}
+
+/** Two declared triggers are the same: a cron's zone defaults to UTC, a one-shot's instant may be written in any offset. */
+function sameDeclaredTrigger(a: Record<string, unknown>, b: Record<string, unknown>): boolean {
+  const norm = (t: Record<string, unknown>) => {
+    const x = { ...t };
+    if (x.cron !== undefined && x.tz === undefined) x.tz = "UTC";
+    if (typeof x.at === "string" && Number.isFinite(Date.parse(x.at))) x.at = Date.parse(x.at);
+    return canonicalJson(x);
+  };
+  return norm(a) === norm(b);
 }
 
 function setName(field: string, v: unknown): string {

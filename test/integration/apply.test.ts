@@ -100,7 +100,7 @@ describe("ax apply / ax export", () => {
     const asJson = file("exported.json", exp2.stdout);
     expect((await applyJson(["-f", asJson])).unchanged.length).toBe(4);
     for (const t of ["extract", "transform", "report", "heartbeat"]) expect((await show(t)).generation).toBe(0);
-  }, 90_000);
+  }, 180_000);
 
   it("updates in place: same id, history kept, edges changed, the diff printed", async () => {
     const before = await show("extract");
@@ -124,7 +124,14 @@ describe("ax apply / ax export", () => {
     const hist = await client.call<Array<{ generation: number; change: Record<string, unknown> }>>("task.history", { task: "extract" });
     expect(hist).toHaveLength(1);
     expect((await applyJson(["-f", jobs])).unchanged.length).toBe(4);
-  }, 90_000);
+    // The file is the whole declaration: a field it no longer gives goes back to its default.
+    const bare = changed.replace("    payload: { source: s3://bucket/raw, days: 1 }\n", "").replace("    timeout: 10m\n", "");
+    expect(bare).not.toMatch(/s3:/);
+    const r2 = await applyJson(["-f", file("jobs2b.yaml", bare)]);
+    expect(r2.update).toEqual([{ name: "extract", changes: { payload: { from: { source: "s3://bucket/raw", days: 1 }, to: null }, timeout: { from: "10m", to: "30s" } } }]);
+    expect(await show("extract")).toMatchObject({ payload: null, timeout: "30s", generation: 2 });
+    expect((await applyJson(["-f", jobs])).update.map((u) => u.name)).toEqual(["extract"]);
+  }, 180_000);
 
   it("--prune removes only tasks of its own set", async () => {
     await client.call("task.create", { name: "by-hand", executor: "ax1", every: "1h" });
@@ -165,7 +172,7 @@ tasks:
     expect(adopted.adopt).toEqual(["by-hand"]);
     expect((await show("by-hand")).applySet).toBe("nightly");
     expect((await applyJson(["-f", claim])).unchanged).toEqual(["by-hand"]);
-  }, 90_000);
+  }, 180_000);
 
   it("refuses invalid files with the place and the reason, changing nothing", async () => {
     const cases: Array<[string, string, RegExp, number]> = [
@@ -189,5 +196,5 @@ tasks:
     const set = await client.call<{ tasks: unknown[] }>("export", { set: "bad" });
     expect(set.tasks).toEqual([]);
     expect(readFileSync(join(dir, "cycle.yaml"), "utf8")).toMatch(/after/);
-  }, 90_000);
+  }, 180_000);
 });

@@ -117,7 +117,7 @@ describe("ax task update", () => {
     const audit = await client.call<Array<{ op: string; task: string }>>("audit", { task: "tick", limit: 100 });
     expect(audit.filter((a) => a.op === "task.update").length).toBe(v + 1);
     await client.call("task.pause", { task: "tick" });
-  }, 120_000);
+  }, 180_000);
 
   it("leaves a running run alone: it finishes under the old definition, the next run uses the new one", async () => {
     hold.set("slow", 1500);
@@ -132,7 +132,7 @@ describe("ax task update", () => {
     expect(calls.find((c) => c.runId === second)!.payload).toEqual({ old: false });
     const row = (await db.query("select executor from runs where id = $1", [second])).rows[0] as { executor: string };
     expect(row.executor).toBe("ux2");
-  }, 60_000);
+  }, 120_000);
 
   it("--dry-run prints the changes and the next five times before and after, and changes nothing", async () => {
     await client.call("task.create", { name: "daily", executor: "ux", cron: "0 2 * * *", tz: "UTC" });
@@ -157,7 +157,7 @@ describe("ax task update", () => {
     // Only the zone: the expression stays.
     const tz = await update("daily", { tz: "Asia/Tokyo" });
     expect(tz.changes.trigger!.to).toMatch(/30 6 \* \* \*.*Asia\/Tokyo/);
-  }, 60_000);
+  }, 120_000);
 
   it("refuses invalid changes naming the field and the value", async () => {
     await client.call("task.create", { name: "val", executor: "ux", every: "1h" });
@@ -181,5 +181,5 @@ describe("ax task update", () => {
     const cli = await tc.cli(["task", "update", "val", "--timeout", "soon"]);
     expect(cli.code).toBe(2);
     expect(cli.stderr).toMatch(/timeout/);
-  }, 60_000);
+  }, 120_000);
 });
