@@ -248,6 +248,8 @@ export class TaskEditor {
     const pruneRows = args.prune === true
       ? (await this.d.store.pool.query("select id, name from tasks where apply_set = $1 and not (name = any($2::text[])) order by id", [set, kept])).rows.map((x) => ({ id: Number(x.id), name: String(x.name) }))
       : [];
+    const pruned = new Set(pruneRows.map((x) => x.name));
+    specs.forEach((s, i) => { for (const n of afterOf(s)) if (pruned.has(n)) throw new InvalidInputError(`tasks[${i}].after`, n, "is removed by --prune (the file no longer declares it): declare it, or drop the dependency", "AX_E_CONFLICT"); });
     const summary = {
       set, dryRun: args.dryRun === true,
       create: items.filter((x) => x.action === "create").map((x) => x.name),
