@@ -178,7 +178,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   task.command("show <task>").description("a task, its triggers, up/downstreams and recent runs").option("--json").action(async (ref: string, o: { json?: boolean }) => {
     const t = await withClient((c) => c.call<Record<string, unknown>>("task.show", { task: ref }));
     print(o.json, t, () => {
-      const lines = [`task ${t.name} (id ${t.id}) on shard ${t.shard}: ${t.state}`, `  executor ${t.executor}, timeout ${t.timeout}, retries ${t.retries}, backoff ${t.backoff}, misfire ${t.misfire}, overlap ${t.overlap}`];
+      const lines = [`task ${t.name} (id ${t.id}) on shard ${t.shard}: ${t.state}${t.generation ? `, generation ${t.generation} (ax task history)` : ""}${t.applySet ? `, apply set ${t.applySet}` : ""}`, `  executor ${t.executor}, timeout ${t.timeout}, retries ${t.retries}, backoff ${t.backoff}, misfire ${t.misfire}, overlap ${t.overlap}`];
       for (const tr of t.triggers as Array<{ description: string }>) lines.push(`  trigger: ${tr.description}`);
       lines.push(`  next due: ${t.nextDueAt ?? "—"}${t.nextReason ? ` (${t.nextReason})` : ""}`);
       for (const u of t.upstreams as Array<{ name: string; state: string; lastRun: { id: string; state: string } | null }>) lines.push(`  upstream ${u.name}: ${u.state}, last run ${u.lastRun ? `${u.lastRun.id} ${u.lastRun.state}` : "none"}`);
