@@ -1,7 +1,6 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { extname } from "node:path";
 import { Option, type Command } from "commander";
-import { createInbox } from "@nats-io/transport-node";
 import { AxError, InvalidInputError } from "../common/index.ts";
 import type { AxClient } from "./client.ts";
 
@@ -118,8 +117,8 @@ export function registerEditCommands(program: Command, task: Command, k: CliKit)
       if (args.apiVersion !== undefined) { if (args.apiVersion !== "ax/v1") throw new InvalidInputError("apiVersion", args.apiVersion, "must be ax/v1"); delete args.apiVersion; }
       const r = await k.withClient(async (c) => {
         // Progress of a long apply comes to an inbox of ours, one line per change, on standard error.
-        const inbox = createInbox();
-        const sub = o.dryRun || o.json || !process.stderr.isTTY && process.env.AX_PROGRESS !== "1" ? null : await c.subscribe(inbox, (v: { done: number; total: number; what: string }) => {
+        const inbox = c.progressInbox();
+        const sub = !inbox || o.dryRun || o.json || !process.stderr.isTTY && process.env.AX_PROGRESS !== "1" ? null : await c.subscribe(inbox, (v: { done: number; total: number; what: string }) => {
           process.stderr.write(`[${v.done}/${v.total}] ${v.what}\n`);
         });
         try { return await c.call<ApplySummary>("apply", { ...args, ...(sub ? { progress: inbox } : {}) }, 600_000); } finally { sub?.(); }
