@@ -1,11 +1,12 @@
 export { ShardActor, type ShardActorDeps, type ShardCommand, type CommandReply, type ShardEvents } from "./shard/shardActor.ts";
 export { nextPointer, backoffMs, compiledOf, TriggerStuckError, isTriggerStuck, type Pointer } from "./shard/schedule.ts";
+export type { DefinitionChange } from "./shard/update.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
 export { Persister, replayParts } from "./persister.ts";
 export { NodeEvents } from "./events/index.ts";
 export { InFlightLimiter } from "./limiter.ts";
 export { Store, DueIndex, findCycle } from "./store/index.ts";
-export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, ShardWrite, AuditRow, AuditTrail } from "./store/index.ts";
+export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, TaskDefUpdate, ShardWrite, TriggerRow, AuditRow, AuditTrail } from "./store/index.ts";
 export { applyEvent, initialRecord, type TaskRecord, type TaskState } from "./machine/index.ts";
 export { HashedWheel } from "./wheel/index.ts";
 export { parseTrigger, compileTrigger, preview, previewMarks, planAfter, type TriggerSpec, type CompiledTrigger, type PreviewMark } from "./triggers/index.ts";

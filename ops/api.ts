@@ -10,6 +10,8 @@ import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "..
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
+import { TaskEditor } from "./taskEditor.ts";
+import { describeChange } from "./history.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -215,7 +217,16 @@ function inItem(e: unknown, i: number): unknown {
 export class Api {
   private readonly limits: ApiLimits;
   private readonly audit: AuditLog;
-  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit); }
+  /** task.update, task.history, apply, export (ops/taskEditor.ts). */
+  private readonly editor: TaskEditor;
+  constructor(private readonly d: ApiDeps) {
+    this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit);
+    this.editor = new TaskEditor({
+      store: d.store, clock: d.clock, parseSpec: (raw, now) => parseTaskSpec(raw, now, this.limits), resolveTask: (ref) => this.task({ task: ref }),
+      shardCommand: (shard, cmd) => this.shardCommand(shard, cmd), createTask: (spec, applySet) => this.createTask(spec, applySet),
+      removeTask: (id) => this.removeTask({ task: id }), publish: (subject, value) => d.nc.publish(subject, encode(value)),
+    });
+  }
 
   /**
    * One operation. Whatever the input, a refusal is an AxError naming the field (a 4xx over
@@ -226,10 +237,10 @@ export class Api {
    * `ctx.who`: the caller (token name, NATS user) for the audit trail.
    */
   async call(op: string, args: Record<string, unknown>, ctx: { who?: string } = {}): Promise<unknown> {
-    if (!isWriteOp(op)) return this.checkedCall(op, args);
+    if (!isWriteOp(op)) return this.checkedCall(op, args, ctx.who);
     let error: unknown = null;
     try {
-      return await this.checkedCall(op, args);
+      return await this.checkedCall(op, args, ctx.who);
     } catch (e) {
       error = e;
       throw e;
@@ -240,13 +251,13 @@ export class Api {
     }
   }
 
-  private async checkedCall(op: string, args: Record<string, unknown>): Promise<unknown> {
+  private async checkedCall(op: string, args: Record<string, unknown>, who = "unknown"): Promise<unknown> {
     if (args === null || typeof args !== "object" || Array.isArray(args)) {
       throw new InvalidInputError("body", args, "must be a JSON object of arguments");
     }
     checkArgs(args, this.limits);
     try {
-      return await this.dispatch(op, args);
+      return await this.dispatch(op, args, who);
     } catch (e) {
       if (e instanceof z.ZodError) {
         const issue = e.issues[0];
@@ -261,7 +272,7 @@ export class Api {
     }
   }
 
-  private async dispatch(op: string, args: Record<string, unknown>): Promise<unknown> {
+  private async dispatch(op: string, args: Record<string, unknown>, who: string): Promise<unknown> {
     if (op.startsWith("executor.register.")) {
       // The executor's own subject: NATS permissions can let executor E register E and nothing else.
       const own = op.slice("executor.register.".length);
@@ -281,6 +292,13 @@ export class Api {
       case "task.pause": return this.toShard(args, "pause");
       case "task.resume": return this.toShard(args, "resume");
       case "task.rm": return this.removeTask(args);
+      case "task.update": return this.editor.update(args, who);
+      case "task.history": {
+        const t = await this.task(args);
+        return this.editor.history.list(t.id, args.limit !== undefined ? intIn("limit", args.limit, 1, 10_000) : 50);
+      }
+      case "apply": return this.editor.apply(args, who);
+      case "export": return this.editor.exportSet(args);
       case "task.deps.add": return this.depsAdd(args);
       case "task.deps.rm": return this.depsRm(args);
       case "dag": return this.dag(args);
@@ -312,12 +330,12 @@ export class Api {
     return { name };
   }
 
-  async createTask(raw: Record<string, unknown>): Promise<unknown> {
+  async createTask(raw: Record<string, unknown>, applySet?: string): Promise<unknown> {
     const now = this.d.clock.now();
     const p = parseTaskSpec(raw, now, this.limits);
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
-    const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount) });
+    const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount), ...(applySet ? { applySet } : {}) });
     if (row.nextDueMs !== null) await this.d.due.add(row.shard, [{ id: row.id, dueMs: row.nextDueMs }]);
     await this.shardCommand(row.shard, { type: "load", taskId: row.id }).catch(() => undefined); // the owner also refills from Redis
     return publicTask(row);
@@ -512,7 +530,10 @@ export class Api {
     const task = await this.d.store.getTask(run.taskId);
     const cause = run.causedBy ? await this.d.store.getRun(run.causedBy) : null;
     const ups = run.upstreamRuns ? await this.d.store.getRuns(run.upstreamRuns) : [];
-    return { run: publicRun(run), sentences: explainRun(run, task, cause, ups) };
+    const sentences = explainRun(run, task, cause, ups);
+    const change = await this.editor.history.changeBefore(run);
+    if (change) sentences.splice(1, 0, `It is the first run after update ${change.generation} of the task at ${change.at} by ${change.who} (${describeChange(change.change)}).`);
+    return { run: publicRun(run), sentences, ...(change ? { afterUpdate: change } : {}) };
   }
 
   private async shardsLs(): Promise<unknown> {
@@ -577,6 +598,7 @@ export function publicTask(t: TaskRow) {
     timeout: formatDuration(t.timeoutMs), retries: t.maxAttempts - 1, backoff: formatDuration(t.backoffMs), misfire: t.misfire, overlap: t.overlap,
     nextDueAt: t.nextDueMs !== null ? new Date(t.nextDueMs).toISOString() : null, nextSource: t.nextSource, nextReason: t.nextReason,
     attempt: ctx.attempt ?? 0, inFlight: ctx.inFlight ?? [], lastError: ctx.lastError ?? null, upstreams: t.upstreams,
+    generation: t.generation, applySet: t.applySet,
   };
 }
 

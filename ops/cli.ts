@@ -7,6 +7,7 @@ import { AxNode } from "./node.ts";
 import { demoHandler } from "./demoExecutor.ts";
 import { packageVersion } from "./version.ts";
 import { hashToken, ROLES, type Role } from "./httpAuth.ts";
+import { registerEditCommands } from "./editCli.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
@@ -177,7 +178,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   task.command("show <task>").description("a task, its triggers, up/downstreams and recent runs").option("--json").action(async (ref: string, o: { json?: boolean }) => {
     const t = await withClient((c) => c.call<Record<string, unknown>>("task.show", { task: ref }));
     print(o.json, t, () => {
-      const lines = [`task ${t.name} (id ${t.id}) on shard ${t.shard}: ${t.state}`, `  executor ${t.executor}, timeout ${t.timeout}, retries ${t.retries}, backoff ${t.backoff}, misfire ${t.misfire}, overlap ${t.overlap}`];
+      const lines = [`task ${t.name} (id ${t.id}) on shard ${t.shard}: ${t.state}${t.generation ? `, generation ${t.generation} (ax task history)` : ""}${t.applySet ? `, apply set ${t.applySet}` : ""}`, `  executor ${t.executor}, timeout ${t.timeout}, retries ${t.retries}, backoff ${t.backoff}, misfire ${t.misfire}, overlap ${t.overlap}`];
       for (const tr of t.triggers as Array<{ description: string }>) lines.push(`  trigger: ${tr.description}`);
       lines.push(`  next due: ${t.nextDueAt ?? "—"}${t.nextReason ? ` (${t.nextReason})` : ""}`);
       for (const u of t.upstreams as Array<{ name: string; state: string; lastRun: { id: string; state: string } | null }>) lines.push(`  upstream ${u.name}: ${u.state}, last run ${u.lastRun ? `${u.lastRun.id} ${u.lastRun.state}` : "none"}`);
@@ -200,6 +201,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       print(o.json, r, () => `task ${ref} ${verb}${r.state ? ` (${r.state}${r.nextDueAt ? `, next due ${r.nextDueAt}` : ""})` : ""}`);
     });
   }
+  registerEditCommands(program, task, { withClient, print, out, parseJson: parseJsonFlag });
   const deps = task.command("deps").description("dependency edges: TASK runs after UPSTREAM");
   for (const op of ["add", "rm"] as const) {
     deps.command(`${op} <task> <upstream>`).option("--json").action(async (ref: string, up: string, o: { json?: boolean }) => {

@@ -1,5 +1,5 @@
 import { userInfo } from "node:os";
-import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { createInbox, headers, type NatsConnection } from "@nats-io/transport-node";
 import { AxError, connectNats, loadNatsSettings, names, type NatsSettings } from "../common/index.ts";
 import type { Envelope } from "./envelope.ts";
 
@@ -7,7 +7,7 @@ import type { Envelope } from "./envelope.ts";
 export class AxClient {
   /** Who calls, for the audit trail: the NATS user if there is one, else the OS user (self-declared: NATS permissions are the control). */
   private readonly caller: string;
-  private constructor(private readonly nc: NatsConnection, private readonly namespace: string, user?: string) {
+  private constructor(private readonly nc: NatsConnection, private readonly namespace: string, user?: string, private readonly inboxPrefix?: string) {
     let os = "unknown";
     try { os = userInfo().username; } catch { /* no passwd entry */ }
     this.caller = user ? `nats:${user}` : `os:${os}`;
@@ -16,7 +16,7 @@ export class AxClient {
   static async connect(nats: NatsSettings | string, namespace: string): Promise<AxClient> {
     const s = typeof nats === "string" ? loadNatsSettings({}, { AX_NATS_URL: nats }) : nats;
     const nc = await connectNats(s, { name: "ax-cli", timeout: 3000, maxReconnectAttempts: 0 });
-    return new AxClient(nc, namespace, s.user);
+    return new AxClient(nc, namespace, s.user, s.inboxPrefix);
   }
   /**
    * One operation. A list answer too large for one NATS message comes in pages (the node says
@@ -49,6 +49,18 @@ export class AxClient {
       throw new AxError("AX_E_TIMEOUT", `the cluster did not answer ${op} in ${timeoutMs}ms: ${msg}`);
     }
     return JSON.parse(new TextDecoder().decode(reply.data)) as Envelope<T> & { next?: Record<string, unknown> };
+  }
+  /**
+   * A fresh inbox for messages a node sends besides its reply (an apply's progress), or null when
+   * this connection uses its own inbox prefix (least-privilege NATS users, deploy/nats: a node
+   * may only answer those with its one reply).
+   */
+  progressInbox(): string | null { return this.inboxPrefix ? null : createInbox(); }
+  /** Messages on `subject` (JSON) to `fn` until the returned function is called. */
+  async subscribe<T>(subject: string, fn: (value: T) => void): Promise<() => void> {
+    const sub = this.nc.subscribe(subject, { callback: (err, m) => { if (!err) { try { fn(m.json<T>()); } catch { /* not JSON: ignored */ } } } });
+    await this.nc.flush();
+    return () => sub.unsubscribe();
   }
   async close(): Promise<void> { await this.nc.drain().catch(() => undefined); }
 }

@@ -13,6 +13,7 @@ import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
 import { publishDispatch, replayParts, type Persister, type ShardDispatchRun } from "../persister.ts";
 import { backoffMs, compiledOf, nextPointer, type Pointer } from "./schedule.ts";
+import { applyDefinitionChange, type DefinitionChange } from "./update.ts";
 
 export interface ShardActorDeps {
   nodeId: string;
@@ -68,7 +69,9 @@ export type ShardCommand =
   | { type: "run"; taskId: number; payload?: unknown; force: boolean }
   | { type: "pause"; taskId: number }
   | { type: "resume"; taskId: number }
-  | { type: "cancel"; taskId: number };
+  | { type: "cancel"; taskId: number }
+  /** `ax task update`: applied between fires (see onUpdate). */
+  | { type: "update"; taskId: number; change: DefinitionChange };
 
 export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
 
@@ -88,6 +91,8 @@ interface InFlightRun {
   token: string;
   /** The task's trigger slots before this run's slot was taken (given back if the run is withdrawn). */
   slotsBefore?: { key: string; value: number | undefined };
+  /** Recorded ahead of its due time: the pointer it was decided from (an update withdraws it and decides it again). */
+  held?: Pointer;
 }
 
 interface LiveTask {
@@ -616,6 +621,7 @@ export class ShardActor implements EventSink {
     round.write.runInserts.push(base);
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, runId) };
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
+    if (!opts.manual && releaseAt > now) run.held = p;
     run.ref = this.wheel.add(releaseAt + row.timeoutMs, { k: 1, runId });
     this.inFlight.set(runId, run);
     let list = round.dispatch.get(row.executor);
@@ -837,6 +843,9 @@ export class ShardActor implements EventSink {
         round.replies.push(() => reply({ ok: true, value: { state: lt.row.state, nextDueMs: lt.row.nextDueMs } }));
         return;
       }
+      case "update":
+        this.onUpdate(round, lt, cmd.change, reply, now);
+        return;
       case "cancel": {
         this.transition(lt, { type: "CANCEL" });
         this.withdrawHeld(round, lt, "the task was cancelled or removed before the run's due time", now);
@@ -852,7 +861,8 @@ export class ShardActor implements EventSink {
    * withdrawn (recorded `refused`, never dispatched): a pause, cancel or removal before the due
    * time wins, as when the run was decided at its due time. The slot counts as not fired.
    */
-  private withdrawHeld(round: Round, lt: LiveTask, why: string, now: number): void {
+  private withdrawHeld(round: Round, lt: LiveTask, why: string, now: number): InFlightRun[] {
+    const out: InFlightRun[] = [];
     for (const runId of [...(lt.row.record as TaskRecord).context.inFlight]) {
       const run = this.inFlight.get(runId);
       if (!run || !this.d.persister.withdraw(runId)) continue;
@@ -862,7 +872,61 @@ export class ShardActor implements EventSink {
         lt.row.triggerSlots = slots;
       }
       this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused", error: `withdrawn before dispatch: ${why}` });
+      out.push(run);
     }
+    return out;
+  }
+
+  /**
+   * `ax task update`, between two rounds' fires. A run recorded ahead and not released yet was
+   * decided under the old definition: it is withdrawn (recorded `refused`, its slot given back)
+   * and decided again from the new one — at its own due time when the triggers stay, from the new
+   * triggers when they change. A run already released is not touched: it runs and reports under
+   * the definition it was dispatched with. The new definition, the generation and a history row
+   * go into this round's fenced write with the new schedule.
+   */
+  private onUpdate(round: Round, lt: LiveTask, change: DefinitionChange, reply: (r: CommandReply) => void, now: number): void {
+    const row = lt.row;
+    const fail = (e: AxError) => reply({ ok: false, error: e.toJSON() });
+    if (row.state === "cancelled") { fail(new AxError("AX_E_CONFLICT", "task is cancelled (being removed)", { field: "task", value: row.name })); return; }
+    if (row.generation !== change.expectGeneration) {
+      fail(new AxError("AX_E_CONFLICT", `task ${row.name} was changed meanwhile (generation ${row.generation}, the update was made against ${change.expectGeneration}); read it again and retry`,
+        { field: "task", value: { task: row.name, generation: row.generation } }));
+      return;
+    }
+    const prevRun = (row.record as TaskRecord).context.lastRunId;
+    const generation = row.generation + 1;
+    const withdrawn = this.withdrawHeld(round, lt, `the task was updated (generation ${generation}) before the run's due time; decided again under the new definition`, now);
+    const { unlinked } = applyDefinitionChange(row, change, now);
+    if (change.fields.triggers) delete lt.stuck;
+    if (row.state !== "paused") {
+      const held = withdrawn.map((r) => r.held).filter((p): p is Pointer => !!p).sort((a, b) => a.dueMs - b.dueMs)[0];
+      let p: Pointer | null;
+      if (change.fields.triggers) {
+        // A pending retry stays (it belongs to a failed run); anything else follows the new triggers.
+        if (row.nextSource === "retry" && !withdrawn.length && row.nextDueMs !== null) p = this.currentPointer(row);
+        else {
+          try { p = nextPointer({ ...row, createdMs: now }, now); } catch (e) { this.markStuck(round, lt, e); p = null; }
+        }
+      } else {
+        p = held ?? (row.nextDueMs !== null ? this.currentPointer(row) : null);
+      }
+      this.setPointer(round, lt, p);
+    } else {
+      round.touched.add(row.id);
+    }
+    (round.write.defUpdates ??= []).push({
+      id: row.id, generation, executor: row.executor, payload: row.payload, timeoutMs: row.timeoutMs, maxAttempts: row.maxAttempts,
+      backoffMs: row.backoffMs, backoffMaxMs: row.backoffMaxMs, misfire: row.misfire, overlap: row.overlap,
+      triggers: change.fields.triggers ? row.triggers : null, link: change.fields.triggers ? row.triggers.map((t) => t.id) : [], unlink: unlinked,
+      history: { taskName: row.name, atMs: now, who: change.who, kind: "update", change: { ...change.summary, ...(withdrawn.length ? { withdrawn: withdrawn.map((r) => r.runId) } : {}) }, prevRun },
+    });
+    this.log.info({ taskId: row.id, generation, fields: Object.keys(change.summary), withdrawn: withdrawn.length }, "task:updated");
+    round.replies.push(() => reply({ ok: true, value: { generation, nextDueMs: row.nextDueMs, withdrawn: withdrawn.map((r) => r.runId) } }));
+  }
+
+  private currentPointer(row: TaskRow): Pointer {
+    return { dueMs: row.nextDueMs!, slotMs: row.nextSlotMs, triggerId: row.nextTriggerId, source: row.nextSource ?? "once", reason: row.nextReason ?? "", causedBy: row.nextCausedBy };
   }
 
   // ---- effects -----------------------------------------------------------------------------

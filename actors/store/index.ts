@@ -4,6 +4,6 @@ export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts"
 export type { AuditRow, AuditTrail } from "./audit.ts";
 export { LATEST_SCHEMA_VERSION, SCHEMA_VERSIONS } from "./schema.ts";
 export type {
-  TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,
+  TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, TaskDefUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,
   MisfirePolicy, OverlapPolicy, RunSource, RunState,
 } from "./types.ts";

@@ -237,6 +237,31 @@ create index dispatches_created on dispatches (created_ms);
 `,
   },
   {
+    version: 11,
+    name: "tasks edited in place: generation, apply set, history",
+    // `ax task update` changes a task's definition in place (the owning shard writes it, fenced,
+    // between fires): `generation` counts those changes. `apply_set` names the `ax apply` set
+    // that owns the task (null: made by hand; --prune only ever removes tasks of its own set).
+    // task_history keeps one row per change (what changed, from what to what, who, and the
+    // task's last run before it, so ax why can name the change for the first run after it).
+    sql: `
+alter table tasks add column generation int not null default 0, add column apply_set text;
+create index tasks_apply_set on tasks (apply_set) where apply_set is not null;
+create table task_history (
+  id bigserial primary key,
+  task_id bigint not null,
+  task_name text not null,
+  generation int not null,
+  at_ms bigint not null,
+  who text not null,
+  kind text not null,
+  change jsonb not null,
+  prev_run text
+);
+create index task_history_task on task_history (task_id, id);
+`,
+  },
+  {
     version: 17,
     name: "partly released dispatch messages",
     // A message released while one of its shards was lost goes out with the other shards' runs

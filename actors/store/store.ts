@@ -5,6 +5,7 @@ import { dropSchema, migrate, quoteIdent } from "./schema.ts";
 import { fullRecord, storedRecord } from "./recordCodec.ts";
 import { DependencyEdges } from "./edges.ts";
 import { AuditTrail } from "./audit.ts";
+import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -12,7 +13,7 @@ pg.types.setTypeParser(20, (v: string) => Number(v));
 
 const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
   t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
-  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
+  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms, t.generation, t.apply_set,
   t.trigger_set as triggers,
   case when t.dep_flags & 1 <> 0 then (select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id) end as upstreams,
   case when t.dep_flags & 2 <> 0 then exists (select 1 from dependencies d where d.upstream = t.id) else false end as has_downstreams`;
@@ -31,7 +32,7 @@ function toTask(r: Row): TaskRow {
     nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
     createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
     triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string> | null) ?? []).map(Number),
-    hasDownstreams: r.has_downstreams === true,
+    hasDownstreams: r.has_downstreams === true, generation: (r.generation as number | undefined) ?? 0, applySet: (r.apply_set as string | null | undefined) ?? null,
   };
 }
 
@@ -209,10 +210,10 @@ export class Store {
       try {
         await c.query(
           `insert into tasks (name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
-             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms, id)
-           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17,$18)`,
+             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms, id, apply_set)
+           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17,$18,$19)`,
           [t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
-            t.overlap, shard, t.state, JSON.stringify(storedRecord(t.record)), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id]);
+            t.overlap, shard, t.state, JSON.stringify(storedRecord(t.record)), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id, t.applySet ?? null]);
       } catch (e) {
         if ((e as { code?: string }).code === "23505") throw new InvalidInputError("name", t.name, "a task with this name already exists", "AX_E_CONFLICT");
         throw e;
@@ -591,7 +592,7 @@ export class Store {
     // (`ok`): rows of a shard whose epoch is not current are not written. The first statement
     // has locked the current shards' rows FOR SHARE, so their epochs cannot change before
     // commit, and a stale epoch never becomes current again.
-    const ins = runInsertsJson(writes); const upd = runUpdatesJson(writes); const tasks = taskUpdatesJson(writes);
+    const ins = runInsertsJson(writes); const upd = runUpdatesJson(writes); const tasks = taskUpdatesJson(writes); const defs = definitionUpdatesJson(writes);
     const c = await this.writePool.connect();
     const jobs: Array<Promise<unknown>> = [];
     // Corked: the whole transaction leaves in one write (a syscall per statement cost more than
@@ -605,6 +606,7 @@ export class Store {
       jobs.push(fence);
       if (ins) jobs.push(c.query({ name: "ax_insert_runs", text: INSERT_RUNS, values: [ins, shards, epochs] }));
       if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
+      if (defs) jobs.push(c.query({ name: "ax_update_definitions", text: UPDATE_DEFINITIONS, values: [defs, shards, epochs, Date.now()] }));
       if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
       // Not fenced: a message row names runs; only the runs that were written are ever re-published.
       if (dispatches.length) jobs.push(c.query({ name: "ax_insert_dispatches", text: INSERT_DISPATCHES, values: [JSON.stringify(dispatches)] }));

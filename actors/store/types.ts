@@ -36,6 +36,10 @@ export interface TaskRow extends TaskDefinition {
   updatedMs: number;
   triggers: TriggerRow[];
   hasDownstreams: boolean;
+  /** Changes of its definition so far (`ax task update`, `ax apply`; migration 11). */
+  generation: number;
+  /** The `ax apply` set that owns the task (null: made by hand). */
+  applySet: string | null;
 }
 
 export interface NewTask extends TaskDefinition {
@@ -43,6 +47,8 @@ export interface NewTask extends TaskDefinition {
   shardOf: (id: number) => number;
   triggers: Array<{ kind: TriggerRow["kind"]; spec: unknown }>;
   nowMs: number;
+  /** The `ax apply` set that owns the new task. */
+  applySet?: string | null;
 }
 
 /** One task of a bulk registration: as NewTask, with the shard computed by the store from a common function. */
@@ -113,6 +119,30 @@ export interface ShardWrite {
   runInserts: RunInsert[];
   runUpdates: RunUpdate[];
   taskUpdates: TaskUpdate[];
+  /** Definition changes (`ax task update`), written fenced with the round (see definitionUpdate.ts). */
+  defUpdates?: TaskDefUpdate[];
+}
+
+/**
+ * A task's new definition as its shard decided it, with the trigger links to change (trigger rows
+ * were inserted by the API; `unlink` ones are deleted) and the history row that records it.
+ */
+export interface TaskDefUpdate {
+  id: number;
+  generation: number;
+  executor: string;
+  payload: unknown;
+  timeoutMs: number;
+  maxAttempts: number;
+  backoffMs: number;
+  backoffMaxMs: number;
+  misfire: MisfirePolicy;
+  overlap: OverlapPolicy;
+  /** The new trigger set (null: unchanged). */
+  triggers: TriggerRow[] | null;
+  link: number[];
+  unlink: number[];
+  history: { taskName: string; atMs: number; who: string; kind: string; change: unknown; prevRun: string | null };
 }
 
 /** One dispatch message as recorded with the runs it carries (see migration 10). */
