@@ -1,7 +1,6 @@
 import { AxError, InvalidInputError, formatDuration, type Clock } from "../common/index.ts";
-import { compileTrigger, findCycle, type CommandReply, type DefinitionChange, type MisfirePolicy, type OverlapPolicy, type ShardCommand, type Store, type TaskRow, type TriggerRow, type TriggerSpec } from "../actors/index.ts";
+import { compileTrigger, findCycle, type CommandReply, type DefinitionChange, type MisfirePolicy, type OverlapPolicy, type ShardCommand, type Store, type TaskHistory, type TaskRow, type TriggerRow, type TriggerSpec } from "../actors/index.ts";
 import { SPEC_FIELDS, TRIGGER_FIELDS, canonicalJson, checkFields, declaredTask, declaredTrigger, nextTimes, sameTrigger, type DeclaredTask } from "./taskSpec.ts";
-import { TaskHistory } from "./history.ts";
 
 /** What parseTaskSpec (ops/api.ts) returns, as far as editing needs it. */
 interface Parsed {
@@ -47,7 +46,7 @@ const isoOrNull = (ms: number | null) => (ms === null ? null : new Date(ms).toIS
  */
 export class TaskEditor {
   readonly history: TaskHistory;
-  constructor(private readonly d: EditorDeps) { this.history = new TaskHistory(d.store.pool); }
+  constructor(private readonly d: EditorDeps) { this.history = d.store.history; }
 
   /**
    * Compares `args` with the task; refusals name the field (prefixed by `where`). `patch` (task.update):
@@ -116,8 +115,7 @@ export class TaskEditor {
     const plan = this.planUpdate(row, change, now, where, mode);
     const changed = Object.keys(plan.summary).length > 0;
     if (plan.fields.executor !== undefined) {
-      const ex = await this.d.store.pool.query("select 1 from executors where name = $1", [plan.fields.executor]);
-      if (!ex.rowCount) throw new InvalidInputError(where ? `${where}.executor` : "executor", plan.fields.executor, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
+      if (!(await this.d.store.executorExists(plan.fields.executor))) throw new InvalidInputError(where ? `${where}.executor` : "executor", plan.fields.executor, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
     }
     const before = nextTimes(row.triggers, now, 5, row.triggerSlots, row.triggers.map((t) => t.id));
     const after = plan.trigger ? nextTimes([plan.trigger], now, 5) : before;
@@ -126,8 +124,7 @@ export class TaskEditor {
     if (!changed) return { ...base, unchanged: true, generation: row.generation, nextDueAt: isoOrNull(row.nextDueMs) };
     let inserted: TriggerRow[] = [];
     if (plan.trigger) {
-      const r = await this.d.store.pool.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [plan.trigger.kind, JSON.stringify(plan.trigger.spec), now]);
-      inserted = [{ id: Number(r.rows[0].id), kind: plan.trigger.kind, spec: plan.trigger.spec, enabled: true }];
+      inserted = [{ id: await this.d.store.insertTrigger(plan.trigger.kind, plan.trigger.spec, now), kind: plan.trigger.kind, spec: plan.trigger.spec, enabled: true }];
     }
     const cmd: ShardCommand = { type: "update", taskId: row.id, change: {
       expectGeneration: row.generation, who, summary: plan.summary, fields: { ...plan.fields, ...(plan.trigger ? { triggers: inserted } : {}) },
@@ -136,7 +133,7 @@ export class TaskEditor {
     // unlinked, harmless) rather than risk deleting a linked one.
     const reply = await this.d.shardCommand(row.shard, cmd);
     if (!reply.ok) {
-      if (inserted.length) await this.d.store.pool.query("delete from triggers where id = any($1::bigint[]) and not exists (select 1 from task_triggers tt where tt.trigger_id = triggers.id)", [inserted.map((t) => t.id)]).catch(() => undefined);
+      if (inserted.length) await this.d.store.deleteUnlinkedTriggers(inserted.map((t) => t.id)).catch(() => undefined);
       throw AxError.fromJSON(reply.error);
     }
     const v = reply.value as { generation: number; nextDueMs: number | null; withdrawn: string[] };
@@ -146,18 +143,15 @@ export class TaskEditor {
   /** `export { set? }`: the tasks (of one apply set, or all) as declared, upstreams before downstreams. */
   async exportSet(args: Record<string, unknown>): Promise<{ set?: string; tasks: DeclaredTask[] }> {
     const set = args.set === undefined || args.set === null ? null : setName("set", args.set);
-    const r = await this.d.store.pool.query(`select id from tasks where ($1::text is null or apply_set = $1) order by id`, [set]);
     const rows: TaskRow[] = [];
-    for (const x of r.rows) { const t = await this.d.store.getTask(Number(x.id)); if (t) rows.push(t); }
+    for (const id of await this.d.store.taskIdsOfSet(set)) { const t = await this.d.store.getTask(id); if (t) rows.push(t); }
     const names = await this.namesOf(rows.flatMap((t) => t.upstreams));
     const tasks = rows.map((t) => declaredTask(t, t.upstreams.map((id) => names.get(id) ?? String(id))));
     return { ...(set ? { set } : {}), tasks: topoOrder(tasks).map((i) => tasks[i]!) };
   }
 
   private async namesOf(ids: number[]): Promise<Map<number, string>> {
-    if (!ids.length) return new Map();
-    const r = await this.d.store.pool.query("select id, name from tasks where id = any($1::bigint[])", [[...new Set(ids)]]);
-    return new Map(r.rows.map((x) => [Number(x.id), String(x.name)]));
+    return this.d.store.taskNamesByIds(ids);
   }
 
   /**
@@ -246,7 +240,7 @@ export class TaskEditor {
     }
     const kept = specs.map((s) => String(s.name));
     const pruneRows = args.prune === true
-      ? (await this.d.store.pool.query("select id, name from tasks where apply_set = $1 and not (name = any($2::text[])) order by id", [set, kept])).rows.map((x) => ({ id: Number(x.id), name: String(x.name) }))
+      ? await this.d.store.tasksOfSetExcept(set, kept)
       : [];
     const pruned = new Set(pruneRows.map((x) => x.name));
     specs.forEach((s, i) => { for (const n of afterOf(s)) if (pruned.has(n)) throw new InvalidInputError(`tasks[${i}].after`, n, "is removed by --prune (the file no longer declares it): declare it, or drop the dependency", "AX_E_CONFLICT"); });
@@ -277,7 +271,7 @@ export class TaskEditor {
           continue;
         }
         const id = ids.get(x.name)!;
-        if (x.adopt) await this.d.store.pool.query("update tasks set apply_set = $2 where id = $1", [id, set]);
+        if (x.adopt) await this.d.store.setApplySet(id, set);
         if (x.action === "update") {
           const row = await this.d.store.requireTask(id);
           await this.updateRow(row, x.change!, who, false, `tasks[${x.i}]`, "replace");

@@ -2,6 +2,7 @@ export { Store, findCycle, type StoreOptions } from "./store.ts";
 export { DueIndex } from "./dueIndex.ts";
 export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts";
 export type { AuditRow, AuditTrail } from "./audit.ts";
+export type { HistoryRow, TaskHistory } from "./history.ts";
 export { LATEST_SCHEMA_VERSION, SCHEMA_VERSIONS } from "./schema.ts";
 export type {
   TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, TaskDefUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,

@@ -5,6 +5,7 @@ import { dropSchema, migrate, quoteIdent } from "./schema.ts";
 import { fullRecord, storedRecord } from "./recordCodec.ts";
 import { DependencyEdges } from "./edges.ts";
 import { AuditTrail } from "./audit.ts";
+import { TaskHistory } from "./history.ts";
 import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
@@ -69,6 +70,8 @@ export class Store {
   /** The dependency graph's edges (the dependency actor's reads and writes). */
   readonly edges: DependencyEdges;
   readonly audit: AuditTrail;
+  /** Definition changes of tasks (ax task update / apply). */
+  readonly history: TaskHistory;
   constructor(opts: StoreOptions) {
     this.schema = opts.schema;
     this.pool = new pg.Pool({
@@ -91,6 +94,7 @@ export class Store {
     for (const p of [this.pool, this.writePool]) p.on("connect", (c) => { c.on("error", () => undefined); });
     this.edges = new DependencyEdges(this.pool, this.schema, (fn) => this.transaction(fn));
     this.audit = new AuditTrail(this.pool);
+    this.history = new TaskHistory(this.pool);
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
@@ -141,6 +145,44 @@ export class Store {
       await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
       return [...set];
     });
+  }
+
+  async executorExists(name: string): Promise<boolean> {
+    return ((await this.pool.query("select 1 from executors where name = $1", [name])).rowCount ?? 0) > 0;
+  }
+
+  /** A trigger row not yet linked to a task (an update links it in its shard's fenced round). */
+  async insertTrigger(kind: string, spec: unknown, nowMs: number): Promise<number> {
+    const r = await this.pool.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [kind, JSON.stringify(spec), nowMs]);
+    return Number(r.rows[0].id);
+  }
+
+  /** Deletes those of these trigger rows that no task links (an update that was refused). */
+  async deleteUnlinkedTriggers(ids: number[]): Promise<void> {
+    await this.pool.query("delete from triggers where id = any($1::bigint[]) and not exists (select 1 from task_triggers tt where tt.trigger_id = triggers.id)", [ids]);
+  }
+
+  /** Hands a task to an apply set (`ax apply --adopt`). */
+  async setApplySet(taskId: number, set: string | null): Promise<void> {
+    await this.pool.query("update tasks set apply_set = $2 where id = $1", [taskId, set]);
+  }
+
+  /** Ids of the tasks of an apply set (all tasks when `set` is null), oldest first. */
+  async taskIdsOfSet(set: string | null): Promise<number[]> {
+    const r = await this.pool.query("select id from tasks where ($1::text is null or apply_set = $1) order by id", [set]);
+    return r.rows.map((x) => Number(x.id));
+  }
+
+  /** The tasks of an apply set whose names are not in `keep` (what `ax apply --prune` removes). */
+  async tasksOfSetExcept(set: string, keep: string[]): Promise<Array<{ id: number; name: string }>> {
+    const r = await this.pool.query("select id, name from tasks where apply_set = $1 and not (name = any($2::text[])) order by id", [set, keep]);
+    return r.rows.map((x) => ({ id: Number(x.id), name: String(x.name) }));
+  }
+
+  async taskNamesByIds(ids: number[]): Promise<Map<number, string>> {
+    if (!ids.length) return new Map();
+    const r = await this.pool.query("select id, name from tasks where id = any($1::bigint[])", [[...new Set(ids)]]);
+    return new Map(r.rows.map((x) => [Number(x.id), String(x.name)]));
   }
 
   /** The nodes marked drained (`ax node drain`). */
