@@ -236,6 +236,30 @@ create table dispatches (
 create index dispatches_created on dispatches (created_ms);
 `,
   },
+  {
+    version: 14,
+    name: "stale runs, run results, task generation, executor instances",
+    // A run an executor refused to start (expired, superseded, its task removed) ends 'stale';
+    // an executor's result (an HTTP job's status and body excerpt) is kept on the run; a task's
+    // generation goes out with each dispatch (a change that makes queued runs obsolete bumps it);
+    // executor instances report liveness (last seen, runs in flight) by heartbeat.
+    sql: `
+alter table runs drop constraint if exists runs_state_check;
+alter table runs add constraint runs_state_check check (state in ('running','success','failed','timed_out','refused','skipped','stale'));
+alter table runs add column result jsonb;
+alter table tasks add column generation int not null default 1;
+create table executor_instances (
+  executor text not null,
+  instance text not null,
+  started_ms bigint not null,
+  last_seen_ms bigint not null,
+  in_flight int not null default 0,
+  concurrency int,
+  stats jsonb,
+  primary key (executor, instance)
+);
+`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

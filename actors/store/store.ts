@@ -10,7 +10,7 @@ pg.types.setTypeParser(20, (v: string) => Number(v));
 
 const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
   t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
-  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms,
+  t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms, t.generation,
   t.trigger_set as triggers,
   case when t.dep_flags & 1 <> 0 then (select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id) end as upstreams,
   case when t.dep_flags & 2 <> 0 then exists (select 1 from dependencies d where d.upstream = t.id) else false end as has_downstreams`;
@@ -27,7 +27,7 @@ function toTask(r: Row): TaskRow {
     nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
     nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
     nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
-    createdMs: r.created_ms as number, updatedMs: r.updated_ms as number,
+    createdMs: r.created_ms as number, updatedMs: r.updated_ms as number, generation: (r.generation as number | undefined) ?? 1,
     triggers: (r.triggers as TriggerRow[]) ?? [], upstreams: ((r.upstreams as Array<number | string> | null) ?? []).map(Number),
     hasDownstreams: r.has_downstreams === true,
   };
@@ -43,7 +43,7 @@ function toRun(r: Row): RunRow {
     finishedMs: r.finished_ms as number | null, state: r.state as RunRow["state"], error: r.error as string | null,
     causedBy: r.caused_by as string | null, upstreamRuns: r.upstream_runs as string[] | null,
     lateOutcome: r.late_outcome as string | null, createdMs: r.created_ms as number,
-    dispatchId: (r.dispatch_id as string | null) ?? null,
+    dispatchId: (r.dispatch_id as string | null) ?? null, result: r.result ?? null,
   };
 }
 
@@ -157,7 +157,7 @@ export class Store {
   async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number): Promise<void> {
     await this.pool.query(
       `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms) values ($1, $2, coalesce($3, 5000), $4, $4)
-       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight)`,
+       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight), kind = $2`,
       [name, kind, maxInFlight, nowMs]);
   }
   async listExecutors(): Promise<Array<{ name: string; kind: string; maxInFlight: number; lastSeenMs: number | null }>> {
@@ -355,9 +355,11 @@ export class Store {
   }
 
   /** `afterId`: the next page of a listing, in id order. */
-  async listTasks(opts: { limit?: number; shard?: number; afterId?: number } = {}): Promise<TaskRow[]> {
-    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) and ($3::bigint is null or t.id > $3) order by t.id limit $1`,
-      [opts.limit ?? 1000, opts.shard ?? null, opts.afterId ?? null]);
+  /** `state`, `executor`: equal; `namePrefix`: the name starts with it (operator filters of `ax task ls`). */
+  async listTasks(opts: { limit?: number; shard?: number; afterId?: number; state?: string; executor?: string; namePrefix?: string } = {}): Promise<TaskRow[]> {
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) and ($3::bigint is null or t.id > $3)
+      and ($4::text is null or t.state = $4) and ($5::text is null or t.executor = $5) and ($6::text is null or starts_with(t.name, $6)) order by t.id limit $1`,
+      [opts.limit ?? 1000, opts.shard ?? null, opts.afterId ?? null, opts.state ?? null, opts.executor ?? null, opts.namePrefix ?? null]);
     return r.rows.map(toTask);
   }
 
@@ -464,8 +466,10 @@ export class Store {
 
   // ---- runs ------------------------------------------------------------------------------------
 
-  async listRuns(taskId: number, limit: number): Promise<RunRow[]> {
-    const r = await this.pool.query("select * from runs where task_id = $1 order by created_ms desc, id desc limit $2", [taskId, limit]);
+  /** `states`: only runs in one of these; `sinceMs`: only runs created at or after it (`ax runs --outcome --since`). */
+  async listRuns(taskId: number, limit: number, f: { states?: string[]; sinceMs?: number } = {}): Promise<RunRow[]> {
+    const r = await this.pool.query(`select * from runs where task_id = $1 and ($3::text[] is null or state = any($3)) and ($4::bigint is null or created_ms >= $4)
+      order by created_ms desc, id desc limit $2`, [taskId, limit, f.states ?? null, f.sinceMs ?? null]);
     return r.rows.map(toRun);
   }
   async getRun(id: string): Promise<RunRow | null> {
@@ -630,11 +634,11 @@ const INSERT_DISPATCHES = `insert into dispatches (id, executor, node, run_ids, 
 const UPDATE_RUNS = `${FENCE_CTE}
   update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
     finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
-    error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome)
-  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
+    error = coalesce(u.error, r.error), late_outcome = coalesce(u.late, r.late_outcome), result = coalesce(u.result, r.result)
+  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text, result jsonb)
   where r.id = u.id and r.shard = u.shard and u.shard in (select shard from ok)`;
 
-interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null }
+interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null; result?: unknown }
 
 function runUpdatesJson(writes: ShardWrite[]): string | null {
   // Several updates of one run may arrive in one batch (a started event, then the end): folded
@@ -645,7 +649,7 @@ function runUpdatesJson(writes: ShardWrite[]): string | null {
       const prev = folded.get(u.id);
       if (!prev) {
         folded.set(u.id, { id: u.id, shard: w.shard, state: u.state ?? null, started_ms: u.startedMs ?? null, finished_ms: u.finishedMs ?? null,
-          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null });
+          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null, ...(u.result !== undefined ? { result: u.result } : {}) });
         continue;
       }
       if (u.state !== undefined) prev.state = u.state;
@@ -654,6 +658,7 @@ function runUpdatesJson(writes: ShardWrite[]): string | null {
       if (u.executorInstance !== undefined) prev.instance = u.executorInstance;
       if (u.error !== undefined) prev.error = u.error;
       if (u.lateOutcome !== undefined) prev.late = u.lateOutcome;
+      if (u.result !== undefined) prev.result = u.result;
     }
   }
   return folded.size ? JSON.stringify([...folded.values()]) : null;

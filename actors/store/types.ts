@@ -2,7 +2,7 @@
 export type MisfirePolicy = "once" | "skip" | "all";
 export type OverlapPolicy = "forbid" | "allow";
 export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire";
-export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped";
+export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped" | "stale";
 
 export interface TriggerRow { id: number; kind: "cron" | "fixed_rate" | "fixed_delay" | "once"; spec: unknown; enabled: boolean }
 
@@ -34,6 +34,8 @@ export interface TaskRow extends TaskDefinition {
   nextCausedBy: string | null;
   createdMs: number;
   updatedMs: number;
+  /** Goes out with each dispatch; a change that makes queued runs obsolete bumps it (migration 14). */
+  generation: number;
   triggers: TriggerRow[];
   hasDownstreams: boolean;
 }
@@ -74,9 +76,11 @@ export interface RunRow {
   lateOutcome: string | null;
   createdMs: number;
   dispatchId: string | null;
+  /** What the executor reported with the run's end (bounded JSON), e.g. an HTTP job's status and body excerpt. */
+  result: unknown;
 }
 
-export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome" | "dispatchId"> & {
+export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome" | "dispatchId" | "result"> & {
   finishedMs?: number | null;
   /** JetStream message id of the dispatch that carries the run (set before the write, published after). */
   dispatchId?: string | null;
@@ -91,6 +95,8 @@ export interface RunUpdate {
   executorInstance?: string;
   error?: string;
   lateOutcome?: string;
+  /** The executor's result (bounded JSON; see RunEventSchema.result). */
+  result?: unknown;
 }
 
 export interface TaskUpdate {
