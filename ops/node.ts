@@ -313,7 +313,8 @@ export class AxNode {
     // then); the counts it cannot read are null.
     const fromPg = await (async () => {
       const shards = await this.store.listShards();
-      const executors = await this.store.listExecutors();
+      // Liveness from the instances' heartbeats (ops/runOps.ts): a dead executor is flagged.
+      const executors = await this.api.runOps.executorLiveness();
       const r = await this.store.pool.query("select count(*)::int as tasks, count(*) filter (where state = 'running')::int as running from tasks");
       const drained = ((await this.store.pool.query("select value from meta where key = 'drained'")).rows[0]?.value ?? []) as string[];
       return { shards: shards.map((s) => s.shard), executors, tasks: r.rows[0].tasks as number, running: r.rows[0].running as number, drained };
