@@ -117,7 +117,8 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     .option("--fail-rate <f>", "probability 0..1 that a run fails", "0").option("--concurrency <n>", "runs at once", "64")
     .option("--record <file>", "append each completed run id to FILE (for tests)")
     .option("--ack-wait <dur>", "redelivery delay of a dispatch whose executor died (set when the consumer is first created)", "30s")
-    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string; ackWait: string }) => {
+    .option("--heartbeat <dur>", "how often this instance reports its liveness (ax status flags it dead after three missed)", "5s")
+    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string; ackWait: string; heartbeat: string }) => {
       const c = cfg();
       const failRate = Number(o.failRate);
       if (!(failRate >= 0 && failRate <= 1)) throw new InvalidInputError("--fail-rate", o.failRate, "must be a number from 0 to 1");
@@ -126,7 +127,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
       const log = createLogger({ level: c.logLevel, name: "ax-executor" });
       const ackWaitMs = parseDuration("--ack-wait", o.ackWait);
-      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs,
+      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs, heartbeatMs: parseDuration("--heartbeat", o.heartbeat),
         handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
       await ex.start();
       process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);
@@ -141,13 +142,14 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     .option("--allow-host <host>", "a host requests may go to (api.example.com, *.example.com, host:port); repeat or comma-separate; others are refused", collect, [] as string[])
     .option("--concurrency <n>", "requests at once", "64").option("--max-body <bytes>", "bytes of each response body kept on the run", "2048")
     .option("--ack-wait <dur>", "redelivery delay of a dispatch whose executor died (set when the consumer is first created)", "30s")
+    .option("--heartbeat <dur>", "how often this instance reports its liveness (ax status flags it dead after three missed)", "5s")
     .addHelpText("after", "\nA task of this executor has an HTTP request as its payload (checked when the task is created):\n" +
       "  ax task create ping --executor http --every 1m --retries 2 \\\n" +
       "    --payload '{\"method\":\"POST\",\"url\":\"https://api.example.com/hook\",\"headers\":{\"X-Env\":\"prod\"},\n" +
       "               \"body\":{\"run\":\"{{runId}}\",\"due\":\"{{scheduledAt}}\"},\"timeout\":\"10s\",\"successStatus\":[\"2xx\"]}'\n" +
       "Templates: {{runId}} {{taskId}} {{taskName}} {{attempt}} {{source}} {{scheduledAt}} {{scheduledAtMs}} {{firedAt}} {{firedAtMs}}.\n" +
       "The run keeps the response status and the start of its body (ax runs TASK -o wide, ax why RUN).\n")
-    .action(async (o: { name: string; allowHost: string[]; concurrency: string; maxBody: string; ackWait: string }) => {
+    .action(async (o: { name: string; allowHost: string[]; concurrency: string; maxBody: string; ackWait: string; heartbeat: string }) => {
       const c = cfg();
       const allow = parseAllowList(o.allowHost);
       if (!allow.length) throw new InvalidInputError("--allow-host", o.allowHost, "at least one host requests may go to");
@@ -156,7 +158,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       const maxBodyBytes = Number(o.maxBody);
       if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 0 || maxBodyBytes > 6000) throw new InvalidInputError("--max-body", o.maxBody, "a whole number of bytes from 0 to 6000 (a run's result is at most 8 KB)");
       const log = createLogger({ level: c.logLevel, name: "ax-http" });
-      const ex = new Executor({ name: o.name, kind: "http", namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs: parseDuration("--ack-wait", o.ackWait),
+      const ex = new Executor({ name: o.name, kind: "http", namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs: parseDuration("--ack-wait", o.ackWait), heartbeatMs: parseDuration("--heartbeat", o.heartbeat),
         handler: httpHandler({ allow, maxBodyBytes, log }) });
       await ex.start();
       process.stderr.write(`http executor ${o.name} (${ex.instance}) waiting for runs; allowed hosts: ${o.allowHost.join(",")}; Ctrl-C to stop\n`);
