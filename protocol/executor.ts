@@ -482,8 +482,8 @@ export class Executor {
     let p = this.pending.get(route.key);
     if (!p) { p = { route, events: [] }; this.pending.set(route.key, p); }
     p.events.push(ev);
-    if (p.events.length >= 500) void this.flush();
-    else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush(); }, this.opts.eventFlushMs ?? 5);
+    if (p.events.length >= 500) void this.flush().catch(() => undefined); // (logged in flush)
+    else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush().catch(() => undefined); }, this.opts.eventFlushMs ?? 5);
     return p.events;
   }
 
