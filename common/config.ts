@@ -409,6 +409,8 @@ export function names(namespace: string) {
     shardSubject: (shard: number, op: string) => `${namespace}.shard.${shard}.${op}`,
     heartbeatSubject: `${namespace}.cluster.heartbeat`,
     executorConsumer: (executor: string) => `exec_${executor}`,
+    /** Core NATS, every instance of the executor listens: `ax run cancel` asks the one running the run to abort it. */
+    executorCancelSubject: (executor: string) => `${namespace}.executor.${executor}.cancel`,
   };
 }
 export type Names = ReturnType<typeof names>;

@@ -23,6 +23,8 @@ export type AxErrorCode =
   | "AX_E_AUTH"
   | "AX_E_FORBIDDEN"
   | "AX_E_TOO_LARGE"
+  /** `ax run --wait`: the run (chain) ended without success (exit 5). */
+  | "AX_E_RUN_FAILED"
   | "AX_E_INTERNAL";
 
 export class AxError extends Error {

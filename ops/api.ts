@@ -12,6 +12,9 @@ import { explainRun } from "./why.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
 import { TaskEditor } from "./taskEditor.ts";
 import { describeChange } from "./history.ts";
+import { RunOps } from "./runOps.ts";
+import { runListFilters, taskListFilters } from "./opsFilters.ts";
+import { checkHttpTasks } from "./httpJob.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -219,8 +222,11 @@ export class Api {
   private readonly audit: AuditLog;
   /** task.update, task.history, apply, export (ops/taskEditor.ts). */
   private readonly editor: TaskEditor;
+  /** Single runs and executor instances (ops/runOps.ts). */
+  readonly runOps: RunOps;
   constructor(private readonly d: ApiDeps) {
     this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit);
+    this.runOps = new RunOps({ store: d.store, nc: d.nc, names: d.names, clock: d.clock });
     this.editor = new TaskEditor({
       store: d.store, clock: d.clock, parseSpec: (raw, now) => parseTaskSpec(raw, now, this.limits), resolveTask: (ref) => this.task({ task: ref }),
       shardCommand: (shard, cmd) => this.shardCommand(shard, cmd), createTask: (spec, applySet) => this.createTask(spec, applySet),
@@ -237,10 +243,10 @@ export class Api {
    * `ctx.who`: the caller (token name, NATS user) for the audit trail.
    */
   async call(op: string, args: Record<string, unknown>, ctx: { who?: string } = {}): Promise<unknown> {
-    if (!isWriteOp(op)) return this.checkedCall(op, args, ctx.who);
+    if (!isWriteOp(op)) return this.checkedCall(op, args, ctx.who ?? "unknown");
     let error: unknown = null;
     try {
-      return await this.checkedCall(op, args, ctx.who);
+      return await this.checkedCall(op, args, ctx.who ?? "unknown");
     } catch (e) {
       error = e;
       throw e;
@@ -251,13 +257,13 @@ export class Api {
     }
   }
 
-  private async checkedCall(op: string, args: Record<string, unknown>, who = "unknown"): Promise<unknown> {
+  private async checkedCall(op: string, args: Record<string, unknown>, who: string): Promise<unknown> {
     if (args === null || typeof args !== "object" || Array.isArray(args)) {
       throw new InvalidInputError("body", args, "must be a JSON object of arguments");
     }
     checkArgs(args, this.limits);
     try {
-      return await this.dispatch(op, args, who);
+      return await (this.runOps.handle(op, args, who) ?? this.dispatch(op, args, who));
     } catch (e) {
       if (e instanceof z.ZodError) {
         const issue = e.issues[0];
@@ -283,8 +289,9 @@ export class Api {
       case "executor.register": return this.registerExecutor(args);
       case "task.create": return this.createTask(args);
       case "task.bulkCreate": return this.bulkCreate(args);
+      case "run.get": { const r = await this.runOps.getRun(args); return { ...r, run: publicRun(r.run) }; }
       case "task.ls": return (await this.d.store.listTasks({
-        limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000,
+        limit: args.limit ? intIn("limit", args.limit, 1, 100_000) : 1000, ...taskListFilters(args),
         ...(args.after !== undefined ? { afterId: intIn("after", args.after, 0, Number.MAX_SAFE_INTEGER) } : {}),
       })).map(publicTask);
       case "task.show": return this.showTask(args);
@@ -326,13 +333,15 @@ export class Api {
     await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now());
     // The node makes the executor's durable consumer: on a least-privilege NATS (deploy/nats)
     // executors may only pull their own consumer, not create one (a creator picks the filter).
-    if (a.kind !== "http") await ensureExecutorConsumer(await jetstreamManager(this.d.nc), this.d.names, name);
+    // An `http` executor is a bridge (ax executor http) that pulls its dispatches the same way.
+    await ensureExecutorConsumer(await jetstreamManager(this.d.nc), this.d.names, name);
     return { name };
   }
 
   async createTask(raw: Record<string, unknown>, applySet?: string): Promise<unknown> {
     const now = this.d.clock.now();
     const p = parseTaskSpec(raw, now, this.limits);
+    await checkHttpTasks(this.d.store, [p.task]);
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount), ...(applySet ? { applySet } : {}) });
@@ -368,6 +377,7 @@ export class Api {
       } catch (e) { throw inItem(e, i); }
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
+    try { await checkHttpTasks(this.d.store, parsed.map((p) => p.task)); } catch (e) { throw inItem(e, (e as { index?: number }).index ?? 0); }
     const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
     const tasks: BulkNewTask[] = parsed.map((p, i) => {
       const task = p.task as BulkNewTask; // parseTaskSpec's object is ours: completed in place, not copied
@@ -463,6 +473,10 @@ export class Api {
 
   private async toShard(a: Record<string, unknown>, type: "pause" | "resume"): Promise<unknown> {
     const t = await this.task(a);
+    if (type === "resume" && t.state !== "paused" && !(t.record as TaskRecord).context.pausedAfterRun) {
+      // Nothing to resume: said plainly, and changes nothing (resuming twice is not an error).
+      return { ...publicTask(t), notPaused: true, message: `task ${t.name} is not paused (it is ${t.state}); nothing to resume` };
+    }
     const r = await this.shardCommand(t.shard, { type, taskId: t.id });
     if (!r.ok) throw AxError.fromJSON(r.error);
     return publicTask((await this.d.store.getTask(t.id))!);
@@ -520,7 +534,7 @@ export class Api {
   private async runs(a: Record<string, unknown>): Promise<unknown> {
     const t = await this.task(a);
     const limit = a.limit !== undefined ? intIn("limit", a.limit, 1, 10_000) : 20;
-    return (await this.d.store.listRuns(t.id, limit)).map(publicRun);
+    return (await this.d.store.listRuns(t.id, limit, runListFilters(a, this.d.clock.now()))).map(publicRun);
   }
 
   private async why(a: Record<string, unknown>): Promise<unknown> {
@@ -608,7 +622,7 @@ export function publicRun(r: RunRow) {
     id: r.id, taskId: r.taskId, task: r.taskName, source: r.source, state: r.state, dueAt: iso(r.dueMs), firedAt: iso(r.firedMs),
     startedAt: iso(r.startedMs), finishedAt: iso(r.finishedMs), node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt,
     executor: r.executor, executorInstance: r.executorInstance, error: r.error, causedBy: r.causedBy, upstreamRuns: r.upstreamRuns,
-    lateOutcome: r.lateOutcome, dueReason: r.dueReason,
+    lateOutcome: r.lateOutcome, dueReason: r.dueReason, result: r.result ?? null,
   };
 }
 

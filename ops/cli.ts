@@ -8,6 +8,9 @@ import { demoHandler } from "./demoExecutor.ts";
 import { packageVersion } from "./version.ts";
 import { hashToken, ROLES, type Role } from "./httpAuth.ts";
 import { registerEditCommands } from "./editCli.ts";
+import { stringify as toYaml } from "yaml";
+import { completionScript } from "./completion.ts";
+import { httpHandler, parseAllowList } from "./httpJob.ts";
 
 const USAGE_CODES = new Set(["AX_E_INVALID", "AX_E_CRON_FIELD", "AX_E_TIMEZONE", "AX_E_DURATION", "AX_E_TRIGGER", "AX_E_NOT_FOUND", "AX_E_CYCLE", "AX_E_CONFIG"]);
 const CONFLICT_CODES = new Set(["AX_E_TASK_RUNNING", "AX_E_CONFLICT"]);
@@ -15,9 +18,11 @@ const AUTH_CODES = new Set(["AX_E_AUTH", "AX_E_FORBIDDEN"]);
 
 /**
  * Exit codes: 0 ok, 1 cluster/runtime failure, 2 bad input (which field, why), 3 refused by
- * state (e.g. task is running), 4 credentials missing or refused, or not permitted.
+ * state (e.g. task is running), 4 credentials missing or refused, or not permitted, 5 the run
+ * `ax run --wait` waited for ended without success.
  */
 export function exitCodeOf(e: unknown): number {
+  if (e instanceof AxError && e.code === "AX_E_RUN_FAILED") return 5;
   if (e instanceof AxError) return USAGE_CODES.has(e.code) || e.code === "AX_E_TOO_LARGE" ? 2 : CONFLICT_CODES.has(e.code) ? 3 : AUTH_CODES.has(e.code) ? 4 : 1;
   return 1;
 }
@@ -75,7 +80,11 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     const client = await AxClient.connect(c.nats, c.namespace);
     try { return await fn(client); } finally { await client.close(); }
   }
-  const print = (json: boolean | undefined, value: unknown, human: () => string) => out(json ? JSON.stringify(value, null, 2) : human());
+  // -o json|yaml|wide (beside --json) of the command being run, captured before its action.
+  let output: string | undefined;
+  program.hook("preAction", (_p, cmd) => { output = cmd.opts<{ output?: string }>().output; });
+  const print = (json: boolean | undefined, value: unknown, human: (wide: boolean) => string) =>
+    out(json || output === "json" ? JSON.stringify(value, null, 2) : output === "yaml" ? toYaml(value).trimEnd() : human(output === "wide"));
 
   // ---- node ---------------------------------------------------------------------------------
   const node = program.command("node").description("start a scheduler node (or: ax node drain NODE)");
@@ -103,12 +112,14 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   });
 
   // ---- executor -------------------------------------------------------------------------------
-  program.command("executor").description("executors").command("demo").description("run a demo executor: sleeps, optionally fails, logs each run")
+  const executorCmd = program.command("executor").description("executors");
+  executorCmd.command("demo").description("run a demo executor: sleeps, optionally fails, logs each run")
     .requiredOption("--name <name>", "executor name tasks refer to").option("--sleep <ms>", "time each run takes", "100")
     .option("--fail-rate <f>", "probability 0..1 that a run fails", "0").option("--concurrency <n>", "runs at once", "64")
     .option("--record <file>", "append each completed run id to FILE (for tests)")
     .option("--ack-wait <dur>", "redelivery delay of a dispatch whose executor died (set when the consumer is first created)", "30s")
-    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string; ackWait: string }) => {
+    .option("--heartbeat <dur>", "how often this instance reports its liveness (ax status flags it dead after three missed)", "5s")
+    .action(async (o: { name: string; sleep: string; failRate: string; concurrency: string; record?: string; ackWait: string; heartbeat: string }) => {
       const c = cfg();
       const failRate = Number(o.failRate);
       if (!(failRate >= 0 && failRate <= 1)) throw new InvalidInputError("--fail-rate", o.failRate, "must be a number from 0 to 1");
@@ -117,7 +128,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
       const log = createLogger({ level: c.logLevel, name: "ax-executor" });
       const ackWaitMs = parseDuration("--ack-wait", o.ackWait);
-      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs,
+      const ex = new Executor({ name: o.name, namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs, heartbeatMs: parseDuration("--heartbeat", o.heartbeat),
         handler: demoHandler({ sleepMs, failRate, ...(o.record ? { recordFile: o.record } : {}), log }) });
       await ex.start();
       process.stderr.write(`demo executor ${o.name} (${ex.instance}) waiting for runs; Ctrl-C to stop\n`);
@@ -125,6 +136,43 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
         const stop = () => { void ex.stop().then(resolve); };
         process.once("SIGINT", stop); process.once("SIGTERM", stop);
       });
+    });
+
+  executorCmd.command("http").description("an HTTP bridge: runs the tasks of this executor by sending their payload as an HTTP request")
+    .option("--name <name>", "executor name tasks refer to (registered with kind http)", "http")
+    .option("--allow-host <host>", "a host requests may go to (api.example.com, *.example.com, host:port); repeat or comma-separate; others are refused", collect, [] as string[])
+    .option("--concurrency <n>", "requests at once", "64").option("--max-body <bytes>", "bytes of each response body kept on the run", "2048")
+    .option("--ack-wait <dur>", "redelivery delay of a dispatch whose executor died (set when the consumer is first created)", "30s")
+    .option("--heartbeat <dur>", "how often this instance reports its liveness (ax status flags it dead after three missed)", "5s")
+    .addHelpText("after", "\nA task of this executor has an HTTP request as its payload (checked when the task is created):\n" +
+      "  ax task create ping --executor http --every 1m --retries 2 \\\n" +
+      "    --payload '{\"method\":\"POST\",\"url\":\"https://api.example.com/hook\",\"headers\":{\"X-Env\":\"prod\"},\n" +
+      "               \"body\":{\"run\":\"{{runId}}\",\"due\":\"{{scheduledAt}}\"},\"timeout\":\"10s\",\"successStatus\":[\"2xx\"]}'\n" +
+      "Templates: {{runId}} {{taskId}} {{taskName}} {{attempt}} {{source}} {{scheduledAt}} {{scheduledAtMs}} {{firedAt}} {{firedAtMs}}.\n" +
+      "The run keeps the response status and the start of its body (ax runs TASK -o wide, ax why RUN).\n")
+    .action(async (o: { name: string; allowHost: string[]; concurrency: string; maxBody: string; ackWait: string; heartbeat: string }) => {
+      const c = cfg();
+      const allow = parseAllowList(o.allowHost);
+      if (!allow.length) throw new InvalidInputError("--allow-host", o.allowHost, "at least one host requests may go to");
+      const concurrency = Number(o.concurrency);
+      if (!Number.isInteger(concurrency) || concurrency < 1) throw new InvalidInputError("--concurrency", o.concurrency, "must be a whole number >= 1");
+      const maxBodyBytes = Number(o.maxBody);
+      if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 0 || maxBodyBytes > 6000) throw new InvalidInputError("--max-body", o.maxBody, "a whole number of bytes from 0 to 6000 (a run's result is at most 8 KB)");
+      const log = createLogger({ level: c.logLevel, name: "ax-http" });
+      const ex = new Executor({ name: o.name, kind: "http", namespace: c.namespace, nats: c.nats, concurrency, logger: log, ackWaitMs: parseDuration("--ack-wait", o.ackWait), heartbeatMs: parseDuration("--heartbeat", o.heartbeat),
+        handler: httpHandler({ allow, maxBodyBytes, log }) });
+      await ex.start();
+      process.stderr.write(`http executor ${o.name} (${ex.instance}) waiting for runs; allowed hosts: ${o.allowHost.join(",")}; Ctrl-C to stop\n`);
+      await new Promise<void>((resolve) => {
+        const stop = () => { void ex.stop().then(resolve); };
+        process.once("SIGINT", stop); process.once("SIGTERM", stop);
+      });
+    });
+
+  program.command("completion <shell>").description("print a shell completion script: source <(ax completion bash), or zsh")
+    .action((shell: string) => {
+      if (shell !== "bash" && shell !== "zsh") throw new InvalidInputError("shell", shell, "bash or zsh");
+      out(completionScript(program, shell).trimEnd());
     });
 
   // ---- HTTP tokens ---------------------------------------------------------------------------
@@ -171,10 +219,15 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       const t = await withClient((c) => c.call<{ id: number; name: string; nextDueAt: string | null; triggers: Array<{ description: string }> }>("task.create", args));
       print(o.json as boolean, t, () => `created task ${t.name} (id ${t.id}): ${t.triggers.map((x) => x.description).join("; ") || "runs after its upstreams"}; next due ${t.nextDueAt ?? "—"}`);
     });
-  task.command("ls").description("list tasks").option("--json").option("--limit <n>", "at most N", "1000").action(async (o: { json?: boolean; limit: string }) => {
-    const ts = await withClient((c) => c.call<Array<Record<string, unknown>>>("task.ls", { limit: o.limit }));
-    print(o.json, ts, () => table(ts.map((t) => ({ ...t, trigger: (t.triggers as Array<{ description: string }>).map((x) => x.description).join("; ") || "after upstreams" })), ["id", "name", "state", "executor", "trigger", "nextDueAt"]));
-  });
+  task.command("ls").description("list tasks").option("--json").option("--limit <n>", "at most N", "1000")
+    .option("--state <state>", "only tasks in this state (pending, running, retry, paused, failed, success, cancelled, upstream_failed)")
+    .option("--executor <e>", "only tasks of this executor").option("--prefix <text>", "only tasks whose name starts with TEXT")
+    .action(async (o: { json?: boolean; limit: string; state?: string; executor?: string; prefix?: string }) => {
+      const filters = Object.fromEntries(Object.entries({ state: o.state, executor: o.executor, prefix: o.prefix }).filter(([, v]) => v !== undefined));
+      const ts = await withClient((c) => c.call<Array<Record<string, unknown>>>("task.ls", { limit: o.limit, ...filters }));
+      print(o.json, ts, (wide) => table(ts.map((t) => ({ ...t, trigger: (t.triggers as Array<{ description: string }>).map((x) => x.description).join("; ") || "after upstreams" })),
+        wide ? ["id", "name", "state", "executor", "trigger", "nextDueAt", "shard", "timeout", "retries", "misfire", "overlap", "lastError"] : ["id", "name", "state", "executor", "trigger", "nextDueAt"]));
+    });
   task.command("show <task>").description("a task, its triggers, up/downstreams and recent runs").option("--json").action(async (ref: string, o: { json?: boolean }) => {
     const t = await withClient((c) => c.call<Record<string, unknown>>("task.show", { task: ref }));
     print(o.json, t, () => {
@@ -198,7 +251,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   for (const [cmd, op, verb] of [["pause", "task.pause", "paused"], ["resume", "task.resume", "resumed"], ["rm", "task.rm", "removed"]] as const) {
     task.command(`${cmd} <task>`).description(cmd === "resume" ? "resume (missed slots follow the misfire policy)" : `${cmd} a task`).option("--json").action(async (ref: string, o: { json?: boolean }) => {
       const r = await withClient((c) => c.call<Record<string, unknown>>(op, { task: ref }));
-      print(o.json, r, () => `task ${ref} ${verb}${r.state ? ` (${r.state}${r.nextDueAt ? `, next due ${r.nextDueAt}` : ""})` : ""}`);
+      print(o.json, r, () => typeof r.message === "string" ? r.message : `task ${ref} ${verb}${r.state ? ` (${r.state}${r.nextDueAt ? `, next due ${r.nextDueAt}` : ""})` : ""}`);
     });
   }
   registerEditCommands(program, task, { withClient, print, out, parseJson: parseJsonFlag });
@@ -228,27 +281,48 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   });
 
   // ---- runs ---------------------------------------------------------------------------------------
-  program.command("run <task>").description("run a task now (source=manual); refused while it is running unless overlap=allow")
-    .option("--payload <json>", "payload for this run only").option("--force", "run even if the task is paused (never bypasses one-in-flight)").option("--json")
-    .action(async (ref: string, o: { payload?: string; force?: boolean; json?: boolean }) => {
+  program.command("run <task> [run]").description("run a task now (source=manual); refused while it is running unless overlap=allow. `ax run cancel RUN`: cancel a running run")
+    .option("--payload <json>", "payload for this run only").option("--force", "run even if the task is paused (never bypasses one-in-flight)")
+    .option("--wait", "wait for the outcome (following retries) and exit with it: 0 success, 5 failed / timed out / stale / cancelled")
+    .option("--wait-timeout <dur>", "with --wait: give up waiting after DUR (the run goes on)", "1h").option("--json")
+    .addHelpText("after", "\nax run cancel RUN aborts the run through its handler's AbortSignal (the run fails for good, no retry).\n")
+    .action(async (ref: string, runArg: string | undefined, o: { payload?: string; force?: boolean; wait?: boolean; waitTimeout: string; json?: boolean }) => {
+      if (ref === "cancel" && runArg !== undefined) {
+        const r = await withClient((c) => c.call<{ run: string; instance: string }>("run.cancel", { run: runArg }));
+        print(o.json, r, () => `run ${r.run} cancelled on instance ${r.instance} (its handler's signal aborted; ax why ${r.run})`);
+        return;
+      }
+      if (runArg !== undefined) throw new InvalidInputError("run", runArg, "unexpected argument (ax run TASK, or ax run cancel RUN)");
       const payload = parseJsonFlag("payload", o.payload);
-      const r = await withClient((c) => c.call<{ runId: string }>("run", { task: ref, force: !!o.force, ...(payload !== undefined ? { payload } : {}) }));
-      print(o.json, r, () => `started run ${r.runId} of ${ref} (ax why ${r.runId})`);
+      const waitMs = o.wait ? parseDuration("--wait-timeout", o.waitTimeout) : 0;
+      await withClient(async (c) => {
+        const r = await c.call<{ runId: string }>("run", { task: ref, force: !!o.force, ...(payload !== undefined ? { payload } : {}) });
+        if (!o.wait) { print(o.json, r, () => `started run ${r.runId} of ${ref} (ax why ${r.runId})`); return; }
+        if (!o.json) process.stderr.write(`started run ${r.runId} of ${ref}; waiting for its outcome\n`);
+        const end = await waitForRun(c, r.runId, waitMs, (line) => { if (!o.json) process.stderr.write(line + "\n"); });
+        print(o.json, end, () => `run ${end.run.id} of ${ref}: ${end.run.state}${end.run.error ? ` (${end.run.error})` : ""}${end.run.result ? ` result ${JSON.stringify(end.run.result).slice(0, 200)}` : ""}`);
+        if (end.run.state !== "success") throw new AxError("AX_E_RUN_FAILED", `run ${end.run.id} ended ${end.run.state}${end.run.error ? `: ${end.run.error}` : ""}`, { field: "run", value: end.run.id });
+      });
     });
-  program.command("runs <task>").description("run history, newest first").option("--limit <n>", "how many", "20").option("--json").action(async (ref: string, o: { limit: string; json?: boolean }) => {
-    const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("runs", { task: ref, limit: o.limit }));
-    print(o.json, rs, () => table(rs, ["id", "source", "state", "dueAt", "firedAt", "finishedAt", "attempt", "node", "shard", "epoch", "error"]));
-  });
+  program.command("runs <task>").description("run history, newest first").option("--limit <n>", "how many", "20")
+    .option("--outcome <states>", "only runs that ended so (comma-separated: success, failed, timed_out, stale, refused, skipped, running)")
+    .option("--since <when>", "only runs since an ISO time, or for a duration back (1h)").option("--json")
+    .action(async (ref: string, o: { limit: string; outcome?: string; since?: string; json?: boolean }) => {
+      const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("runs", { task: ref, limit: o.limit, ...(o.outcome ? { outcome: o.outcome } : {}), ...(o.since ? { since: o.since } : {}) }));
+      print(o.json, rs, (wide) => table(rs, wide ? ["id", "source", "state", "dueAt", "firedAt", "startedAt", "finishedAt", "attempt", "node", "shard", "epoch", "executorInstance", "error", "lateOutcome", "result"]
+        : ["id", "source", "state", "dueAt", "firedAt", "finishedAt", "attempt", "node", "shard", "epoch", "error"]));
+    });
   program.command("why <run>").description("why this run happened when it did, and how it ended").option("--json").action(async (id: string, o: { json?: boolean }) => {
     const r = await withClient((c) => c.call<{ sentences: string[] }>("why", { run: id }));
     print(o.json, r, () => r.sentences.join("\n"));
   });
   program.command("status").description("nodes, shards, lag, throughput").option("--json").action(async (o: { json?: boolean }) => {
-    const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number }; failing?: Record<string, string> }>; unowned: number[]; tasks: number | null; running: number | null; drained: string[] }>("status"));
+    const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number }; failing?: Record<string, string> }>; unowned: number[]; tasks: number | null; running: number | null; drained: string[]; executors?: ExecutorLine[] }>("status"));
     const failing = s.nodes.flatMap((n) => Object.entries(n.failing ?? {}).map(([d, why]) => `  ${n.id}: ${d} unreachable: ${why}`));
     print(o.json, s, () => [`namespace ${s.namespace}: ${s.nodes.length} node(s), ${s.shardCount} shards (${s.unowned.length} unowned), ${s.tasks ?? "?"} tasks, ${s.running ?? "?"} running${s.drained.length ? `, draining: ${s.drained.join(", ")}` : ""}`,
       table(s.nodes.map((n) => ({ node: n.id, shards: n.shards.length, firesPerSec: n.load.firedPerSec, inFlight: n.load.inFlight, lagMs: n.load.lagMs, failing: Object.keys(n.failing ?? {}).join(",") || "-", http: n.http })), ["node", "shards", "firesPerSec", "inFlight", "lagMs", "failing", "http"]),
-      ...(failing.length ? ["failing dependencies:", ...failing] : [])].join("\n"));
+      ...(failing.length ? ["failing dependencies:", ...failing] : []),
+      ...(s.executors?.length ? ["executors:", table(s.executors.map(executorRow), ["executor", "kind", "live", "instances", "inFlight", "maxInFlight", "lastSeen"])] : [])].join("\n"));
   });
 
   program.command("audit").description("who changed what, newest first (every write: tasks, runs, executors, shards, drains)")
@@ -277,7 +351,36 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       const r = await withClient((c) => c.call<{ moves: Array<{ shard: number; from: string | null; to: string; why: string }> }>("shards.rebalance", { dryRun: !!o.dryRun }));
       print(o.json, r, () => r.moves.length ? `${o.dryRun ? "would move" : "moving"} ${r.moves.length} shard(s):\n` + table(r.moves, ["shard", "from", "to", "why"]) : "balanced: nothing to move");
     });
+  // -o json|yaml|wide beside every --json.
+  const addOutput = (cmd: Command) => {
+    if (cmd.options.some((x) => x.long === "--json")) cmd.addOption(new Option("-o, --output <format>", "json, yaml, or wide (a table with more columns)").choices(["json", "yaml", "wide"]));
+    cmd.commands.forEach(addOutput);
+  };
+  addOutput(program);
   return program;
+}
+
+type ExecutorLine = { name: string; kind: string; liveness?: string; dead?: boolean; instances?: number; inFlight?: number; maxInFlight: number; lastSeenAt?: string | null; lastSeenMs: number | null };
+function executorRow(e: ExecutorLine): Record<string, unknown> {
+  const seen = e.lastSeenMs ?? null;
+  const ago = seen === null ? "never" : `${Math.max(0, Math.round((Date.now() - seen) / 1000))}s ago`;
+  return { executor: e.name, kind: e.kind, live: e.liveness === "alive" ? "alive" : e.liveness === "dead" ? "DEAD" : "no instance", instances: e.instances ?? "?", inFlight: e.inFlight ?? "?", maxInFlight: e.maxInFlight, lastSeen: ago };
+}
+
+type WaitedRun = { run: { id: string; state: string; error: string | null; result?: unknown }; final: boolean; next: string | null; retryPending: boolean };
+/** Polls `run.get` until the run's chain ends (following its retries); gives up after `timeoutMs`. */
+async function waitForRun(c: AxClient, runId: string, timeoutMs: number, say: (line: string) => void): Promise<WaitedRun> {
+  const until = Date.now() + timeoutMs;
+  let id = runId;
+  let pause = 200;
+  for (;;) {
+    const r = await c.call<WaitedRun>("run.get", { run: id });
+    if (r.final) return r;
+    if (r.next) { say(`run ${id} ended ${r.run.state}${r.run.error ? ` (${r.run.error})` : ""}; retry ${r.next} follows`); id = r.next; pause = 200; continue; }
+    if (Date.now() > until) throw new AxError("AX_E_TIMEOUT", `run ${id} has not ended after ${timeoutMs} ms (still ${r.run.state}${r.retryPending ? ", a retry is due" : ""}); it goes on: ax why ${id}`, { field: "run", value: id });
+    await new Promise((res) => setTimeout(res, pause));
+    pause = Math.min(1000, pause * 2);
+  }
 }
 
 export async function main(argv: string[]): Promise<number> {

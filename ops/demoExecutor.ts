@@ -13,7 +13,7 @@ export function demoHandler(o: { sleepMs: number; failRate: number; recordFile?:
     const sleep = typeof p.sleepMs === "number" ? p.sleepMs : o.sleepMs;
     await new Promise<void>((resolve, reject) => {
       const t = setTimeout(resolve, sleep);
-      ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(new Error("aborted: timeout")); }, { once: true });
+      ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(ctx.signal.reason instanceof Error ? ctx.signal.reason : new Error("aborted: timeout")); }, { once: true });
     });
     if (typeof p.failAttempts === "number" && ctx.attempt <= p.failAttempts) throw new Error(`demo failure on attempt ${ctx.attempt} (payload.failAttempts=${p.failAttempts})`);
     if (Math.random() < o.failRate) throw new Error("demo failure (--fail-rate)");

@@ -319,7 +319,8 @@ export class AxNode {
     // then); the counts it cannot read are null.
     const fromPg = await (async () => {
       const shards = await this.store.listShards();
-      const executors = await this.store.listExecutors();
+      // Liveness from the instances' heartbeats (ops/runOps.ts): a dead executor is flagged.
+      const executors = await this.api.runOps.executorLiveness();
       const { tasks, running } = await this.store.taskCounts();
       const drained = await this.store.drainedNodes();
       return { shards: shards.map((s) => s.shard), executors, tasks, running, drained };

@@ -17,6 +17,10 @@ export function explainRun(run: RunRow, task: TaskRow | null, cause: RunRow | nu
   for (const u of upstreams) s.push(`Upstream run ${u.id} of ${u.taskName} ended ${u.state} at ${iso(u.finishedMs)}.`);
   if (run.state === "skipped") { s.push(`It was not fired: ${run.error ?? "skipped"}.`); return s; }
   if (run.state === "refused") { s.push(`It was not dispatched: ${run.error ?? "refused"}.`); return s; }
+  if (run.state === "stale") {
+    s.push(`Node ${run.node} fired it at ${iso(run.firedMs)} to executor ${run.executor}, but the executor did not run it: ${run.error ?? "stale"} (at ${iso(run.finishedMs)}).`);
+    return s;
+  }
   s.push(`Node ${run.node} fired it at ${iso(run.firedMs)} (${run.firedMs !== null ? run.firedMs - run.dueMs : "?"} ms after due) from shard ${run.shard} under lease epoch ${run.epoch}, attempt ${run.attempt}, to executor ${run.executor}.`);
   if (run.executorInstance) s.push(`Executor instance ${run.executorInstance} started it at ${iso(run.startedMs)}.`);
   else if (run.state !== "running") s.push("No executor instance reported starting it.");
@@ -26,6 +30,8 @@ export function explainRun(run: RunRow, task: TaskRow | null, cause: RunRow | nu
     case "failed": s.push(`It failed at ${iso(run.finishedMs)}: ${run.error ?? "error"}.`); break;
     case "timed_out": s.push(`It timed out at ${iso(run.finishedMs)}: ${run.error ?? ""}.`); break;
   }
-  if (run.lateOutcome) s.push(`A completion arrived after the timeout (${run.lateOutcome}); it was recorded but did not change the task.`);
+  if (run.lateOutcome?.startsWith("stale: ")) s.push(`When it was finally delivered, the executor did not run it: ${run.lateOutcome.slice(7)}.`);
+  else if (run.lateOutcome) s.push(`A completion arrived after the timeout (${run.lateOutcome}); it was recorded but did not change the task.`);
+  if (run.result !== null && run.result !== undefined) s.push(`Its result: ${JSON.stringify(run.result).slice(0, 300)}.`);
   return s;
 }

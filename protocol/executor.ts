@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
-import { DispatchBatchSchema, DispatchRunSchema, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
+import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
 
@@ -16,13 +16,26 @@ export interface RunContext {
   /** The time the run was due (epoch ms). */
   scheduledAt: number;
   firedAt: number;
-  /** Aborts when the task's timeout elapses (measured from when this instance started the run). */
+  /**
+   * Aborts when the task's timeout elapses (measured from when this instance started the run), or
+   * when an operator cancels the run (`ax run cancel`): the reason is then a CancelledError.
+   */
   signal: AbortSignal;
+}
+
+/** The reason of a run's AbortSignal when an operator cancelled it; the run fails for good (no retry). */
+export class CancelledError extends Error {
+  override name = "CancelledError";
+  readonly type = "cancelled";
+  readonly nonRetryable = true;
 }
 
 export type RunHandler = (ctx: RunContext) => unknown | Promise<unknown>;
 
-/** Throw this (or any error with `nonRetryable: true`) to fail a run without retries. */
+/**
+ * Throw this (or any error with `nonRetryable: true`) to fail a run without retries. Any error
+ * with a `result` property has it kept on the run (as a handler's return value is on success).
+ */
 export class NonRetryableError extends Error {
   override name = "NonRetryableError";
   readonly nonRetryable = true;
@@ -53,6 +66,16 @@ export interface ExecutorOptions {
   /** Events are flushed at most this often; completions of many runs share one message. */
   eventFlushMs?: number;
   ackWaitMs?: number;
+  /** The kind registered for the executor: `http` for an HTTP bridge (tasks' payloads are then HTTP requests). Default nats. */
+  kind?: "nats" | "http";
+  /** How often this instance reports its liveness (last seen, runs in flight) to the cluster. Default 5 s; 0 = never. */
+  heartbeatMs?: number;
+  /**
+   * A run delivered this long after it was fired (a queue built up while no instance ran), or
+   * delivered again, is checked with the cluster before it starts (`run.check`: its task removed
+   * or changed, a retry superseded it). Default 2 s. Expired runs are refused without asking.
+   */
+  staleCheckAfterMs?: number;
 }
 
 const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
@@ -79,6 +102,8 @@ interface ActiveRun {
   route: Route;
   taskId: number;
   token: string | undefined;
+  /** Set when an operator cancelled the run (`ax run cancel`). */
+  cancelled?: Error;
 }
 
 const RUN_SOURCES = new Set(DispatchRunSchema.shape.source.options as readonly string[]);
@@ -110,6 +135,15 @@ function isDispatchRun(x: unknown): boolean {
   return typeof r.runId === "string" && r.runId.length >= 1 && r.runId.length <= 128 && isInt(r.taskId, 1) && typeof r.taskName === "string"
     && isInt(r.attempt, 1) && typeof r.source === "string" && RUN_SOURCES.has(r.source) && isInt(r.scheduledAt, 0) && isInt(r.firedAt, 0)
     && isInt(r.timeoutMs, 1);
+}
+
+/** A handler's result as sent: JSON within MAX_RESULT_BYTES, else a note saying what was left out. */
+function boundedResult(v: unknown): unknown {
+  let json: string | undefined;
+  try { json = JSON.stringify(v); } catch (e) { return { unserializable: String((e as Error)?.message ?? e) }; }
+  if (json === undefined) return undefined;
+  if (json.length <= MAX_RESULT_BYTES) return JSON.parse(json);
+  return { truncated: true, bytes: json.length, excerpt: json.slice(0, 1024) };
 }
 
 /**
@@ -168,7 +202,11 @@ export class Executor {
   private registeredResolve!: () => void;
   /** Resolves once a node has recorded this executor (tasks may name it from then on). */
   readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
-  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, malformed: 0, republished: 0, republishedLanded: 0 };
+  /** expired: refused past their deadline; stale: refused because run.check said so (task removed or changed, superseded). */
+  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0 };
+  private readonly startedMs = Date.now();
+  private heartbeatTimer: NodeJS.Timeout | null = null;
+  private cancelSub: { unsubscribe(): void } | null = null;
 
   constructor(opts: ExecutorOptions) {
     if (!EXECUTOR_NAME_RE.test(opts.name)) throw new Error(`executor name ${JSON.stringify(opts.name)}: use letters, digits, _ or - (at most 64)`);
@@ -206,6 +244,8 @@ export class Executor {
     }
     if (this.opts.register !== false) void this.registerLoop();
     if (!mayCreate) await this.registered;
+    this.listenForCancels();
+    this.startHeartbeats();
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
     // Pulls of 5 s (idle heartbeats every 2.5 s), not the client's default 30 s: a pull request
     // held by a server that dies (a consumer leader killed on a cluster, while this instance's own
@@ -231,17 +271,21 @@ export class Executor {
     if (this.stopping) return;
     this.stopping = true;
     this.stopConsume?.();
+    if (this.heartbeatTimer) { clearInterval(this.heartbeatTimer); this.heartbeatTimer = null; }
+    this.cancelSub?.unsubscribe();
     for (const w of this.slotWaiters.splice(0)) w();
     await Promise.allSettled([...this.inflightMessages]);
     if (this.sweeper) { clearInterval(this.sweeper); this.sweeper = null; }
     await this.flush();
     await this.loop?.catch(() => undefined);
     this.stopWatching?.();
+    // Gone on purpose: the cluster shows this instance as stopped at once, not dead later.
+    if ((this.opts.heartbeatMs ?? 5000) > 0) await this.heartbeat(true).catch(() => undefined);
     if (this.ownsConnection) await this.nc?.drain().catch(() => undefined);
   }
 
   private async registerLoop(): Promise<void> {
-    const body = encode({ name: this.name, kind: "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
+    const body = encode({ name: this.name, kind: this.opts.kind ?? "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
     for (let i = 0; !this.stopping; i++) {
       try {
         // Its own subject (<ns>.api.executor.register.<name>): NATS permissions can allow exactly this one.
@@ -267,9 +311,26 @@ export class Executor {
     const keepAlive = setInterval(() => m.working(), Math.max(1000, (this.opts.ackWaitMs ?? 30_000) / 3));
     try {
       const runs: Array<Promise<void>> = [];
+      const fresh: Array<DispatchRun> = [];
+      const now = Date.now();
       for (const run of batch.runs) {
         if (this.finished.has(run.runId) || this.finishedOld.has(run.runId) || this.active.has(run.runId)) { this.stats.duplicates++; continue; }
-        if (m.info.deliveryCount > 1 && Date.now() > run.firedAt + run.timeoutMs) { this.stats.expired++; continue; }
+        // Past its deadline the scheduler has timed the run out and owns its retry: never started,
+        // on a first delivery (queued while no instance ran) as on a redelivery.
+        const deadline = run.deadline ?? run.firedAt + run.timeoutMs;
+        if (now > deadline) {
+          this.stats.expired++;
+          this.refuseStale(batch, run, `expired: its deadline ${new Date(deadline).toISOString()} passed ${now - deadline} ms before it was delivered${m.info.deliveryCount > 1 ? ` (delivery ${m.info.deliveryCount})` : ""}`);
+          continue;
+        }
+        fresh.push(run);
+      }
+      const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
+      const suspect = fresh.filter((r) => m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
+      const verdicts = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
+      for (const run of fresh) {
+        const why = verdicts.get(run.runId);
+        if (why) { this.stats.stale++; this.refuseStale(batch, run, why); continue; }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
         this.slots--;
         runs.push(this.execute(routeOf(batch, run), run).finally(() => {
@@ -285,6 +346,66 @@ export class Executor {
     }
   }
 
+  /** Reports a run this instance will not start (a `stale` event) and remembers it as done. */
+  private refuseStale(batch: DispatchBatch, run: DispatchRun, reason: string): void {
+    this.log.info({ runId: run.runId, taskId: run.taskId, reason }, "stale run not started");
+    this.remember(run.runId);
+    this.emit(routeOf(batch, run), { type: "stale", runId: run.runId, taskId: run.taskId, at: Date.now(), reason, ...(run.token ? { token: run.token } : {}) });
+  }
+
+  /**
+   * Asks the cluster whether runs are still to be run (`run.check.<executor>`): their task still
+   * exists at the dispatched generation and no retry superseded them. Answers runId → reason for
+   * those that are not. If no node answers, the runs start (as they did before this check).
+   */
+  private async checkRuns(runs: DispatchRun[]): Promise<Map<string, string>> {
+    const out = new Map<string, string>();
+    try {
+      const body = encode({ runs: runs.map((r) => ({ runId: r.runId, taskId: r.taskId, ...(r.gen !== undefined ? { gen: r.gen } : {}) })) });
+      const m = await this.nc!.request(this.n.apiSubject(`run.check.${this.name}`), body, { timeout: 5000 });
+      const env = JSON.parse(utf8.decode(m.data)) as { ok: boolean; value?: { stale?: Record<string, string> }; error?: { message?: string } };
+      if (!env.ok) { this.log.warn({ error: env.error?.message }, "run.check refused; the runs start"); return out; }
+      for (const [id, why] of Object.entries(env.value?.stale ?? {})) if (typeof why === "string") out.set(id, why);
+    } catch (e) {
+      this.log.warn({ err: String((e as Error)?.message ?? e), runs: runs.length }, "run.check unanswered; the runs start");
+    }
+    return out;
+  }
+
+  private listenForCancels(): void {
+    this.cancelSub = this.nc!.subscribe(this.n.executorCancelSubject(this.name), {
+      callback: (err, msg) => {
+        if (err) return;
+        let runId: unknown;
+        let who: unknown;
+        try { ({ runId, who } = JSON.parse(utf8.decode(msg.data)) as { runId?: unknown; who?: unknown }); } catch { return; }
+        const a = typeof runId === "string" ? this.active.get(runId) : undefined;
+        if (!a) return; // not running here: another instance answers, or nobody (the caller says so)
+        if (!a.cancelled && !a.timedOut) {
+          this.stats.cancelled++;
+          a.cancelled = new CancelledError(`cancelled by ${typeof who === "string" ? who : "an operator"} (ax run cancel)`);
+          a.ac?.abort(a.cancelled);
+          a.onTimeout?.(a.cancelled);
+        }
+        msg.respond(encode({ ok: true, value: { runId, instance: this.instance } }));
+      },
+    });
+  }
+
+  private startHeartbeats(): void {
+    const every = this.opts.heartbeatMs ?? 5000;
+    if (every <= 0) return;
+    void this.heartbeat(false).catch(() => undefined);
+    this.heartbeatTimer = setInterval(() => { void this.heartbeat(false).catch(() => undefined); }, every);
+    this.heartbeatTimer.unref();
+  }
+  /** One liveness report (`executor.heartbeat.<name>`): this instance, its runs in flight, its counters. */
+  private async heartbeat(stopping: boolean): Promise<void> {
+    const body = encode({ instance: this.instance, kind: this.opts.kind ?? "nats", inFlight: this.active.size, concurrency: this.opts.concurrency ?? 64,
+      startedMs: this.startedMs, everyMs: this.opts.heartbeatMs ?? 5000, stopping, stats: this.stats });
+    await this.nc!.request(this.n.apiSubject(`executor.heartbeat.${this.name}`), body, { timeout: 2000 });
+  }
+
   private async execute(route: Route, run: DispatchRun): Promise<void> {
     const now = performance.now();
     const hbEvery = Math.min(10_000, Math.max(250, Math.floor(run.timeoutMs / 3)));
@@ -298,27 +419,33 @@ export class Executor {
     const started: RunEvent = { type: "started", runId: run.runId, taskId: run.taskId, at: Date.now(), ...(run.token ? { token: run.token } : {}) };
     const startedUnsentIn = this.emit(route, started);
     let failure: Failure | null = null;
+    let result: unknown;
     try {
       // The handler runs in a microtask, as before (a synchronous throw is a failure like a rejection).
       await null;
-      const result = this.opts.handler({
+      const returned = this.opts.handler({
         runId: run.runId, taskId: run.taskId, taskName: run.taskName, attempt: run.attempt, source: run.source,
         payload: run.payload, scheduledAt: run.scheduledAt, firedAt: run.firedAt,
         get signal() {
-          if (!a.ac) { a.ac = new AbortController(); if (a.timedOut) a.ac.abort(a.timedOut); }
+          if (!a.ac) { a.ac = new AbortController(); if (a.cancelled ?? a.timedOut) a.ac.abort(a.cancelled ?? a.timedOut); }
           return a.ac.signal;
         },
       });
-      if (result !== null && typeof result === "object" && typeof (result as PromiseLike<unknown>).then === "function") {
-        await Promise.race([
-          result,
-          new Promise((_, reject) => { if (a.timedOut) reject(a.timedOut); else a.onTimeout = reject; }),
+      result = returned;
+      if (returned !== null && typeof returned === "object" && typeof (returned as PromiseLike<unknown>).then === "function") {
+        result = await Promise.race([
+          returned,
+          new Promise((_, reject) => { const stop = a.cancelled ?? a.timedOut; if (stop) reject(stop); else a.onTimeout = reject; }),
         ]);
       }
+      if (a.cancelled) throw a.cancelled; // cancelled while a synchronous handler ran: still a cancellation
     } catch (e) {
-      const err = e as { message?: string; name?: string; type?: string; nonRetryable?: boolean };
-      failure = { message: String(err?.message ?? e), type: err?.type ?? err?.name ?? "Error" };
-      if (err?.nonRetryable) failure.nonRetryable = true;
+      const err = e as { message?: string; name?: string; type?: string; nonRetryable?: boolean; result?: unknown };
+      // An operator's cancel wins over whatever the aborted handler threw on its way out.
+      const cause = a.cancelled ?? err;
+      failure = { message: String(cause?.message ?? e), type: (cause as { type?: string }).type ?? cause?.name ?? "Error" };
+      if ((cause as { nonRetryable?: boolean })?.nonRetryable) failure.nonRetryable = true;
+      result = err?.result;
     }
     this.active.delete(run.runId);
     this.remember(run.runId);
@@ -327,6 +454,7 @@ export class Executor {
       ? { type: "failed", runId: run.runId, taskId: run.taskId, at: Date.now(), error: failure }
       : { type: "completed", runId: run.runId, taskId: run.taskId, at: Date.now() };
     if (run.token) end.token = run.token;
+    if (result !== undefined) end.result = boundedResult(result);
     if (this.pending.get(route.key)?.events === startedUnsentIn) {
       // The start was not sent yet (short run): the end takes its place and carries its time.
       Object.assign(started, end, { startedAt: started.at });
@@ -369,8 +497,8 @@ export class Executor {
     let p = this.pending.get(route.key);
     if (!p) { p = { route, events: [] }; this.pending.set(route.key, p); }
     p.events.push(ev);
-    if (p.events.length >= 500) void this.flush();
-    else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush(); }, this.opts.eventFlushMs ?? 5);
+    if (p.events.length >= 500) void this.flush().catch(() => undefined); // (logged in flush)
+    else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush().catch(() => undefined); }, this.opts.eventFlushMs ?? 5);
     return p.events;
   }
 

@@ -1,6 +1,6 @@
 export {
   DispatchBatchSchema, DispatchRunSchema, EventBatchSchema, EventBatchV1Schema, EventBatchV2Schema, RunEventSchema, OutcomeSchema, OutcomeBatchSchema, DependencyTriggerSchema, FailureSchema,
-  RunSourceSchema, WIRE_SCHEMAS, decode, encode,
+  RunSourceSchema, WIRE_SCHEMAS, MAX_RESULT_BYTES, decode, encode,
   type DispatchBatch, type DispatchBatchV2, type DispatchRun, type EventBatch, type EventBatchV1, type RunEvent, type Outcome, type OutcomeBatch, type DependencyTrigger, type Failure, type Decoded,
 } from "./messages.ts";
 export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
@@ -9,4 +9,4 @@ export {
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
-export { Executor, NonRetryableError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";
+export { Executor, NonRetryableError, CancelledError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";

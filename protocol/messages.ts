@@ -35,6 +35,13 @@ export const DispatchRunSchema = z.object({
   token: z.string().max(64).optional(),
   /** v2 batches: the shard of the run (its events go back tagged with it). */
   shard: z.number().int().nonnegative().optional(),
+  /**
+   * When the scheduler gives up on the run (epoch ms, firedAt + timeoutMs): an executor must not
+   * start it after this. Absent from older nodes' dispatches (then firedAt + timeoutMs).
+   */
+  deadline: ms.optional(),
+  /** The task's generation when the run was decided; a later one means the run is obsolete (see run.check). */
+  gen: z.number().int().positive().optional(),
 });
 
 /**
@@ -63,8 +70,16 @@ export const FailureSchema = z.object({
   nonRetryable: z.boolean().optional(),
 });
 
+/** Most bytes (as JSON) of a run's `result`; a larger one is replaced by a note saying so. */
+export const MAX_RESULT_BYTES = 8192;
+
 export const RunEventSchema = z.object({
-  type: z.enum(["started", "progress", "completed", "failed"]),
+  /**
+   * `stale`: the executor refused to start the run (its deadline passed, a retry or a change of
+   * its task superseded it, or its task was removed); `reason` says which. Not a failure of the
+   * work: the run is recorded `stale` (and the task goes on as after a timeout).
+   */
+  type: z.enum(["started", "progress", "completed", "failed", "stale"]),
   runId,
   taskId: z.number().int().positive(),
   at: ms,
@@ -77,6 +92,13 @@ export const RunEventSchema = z.object({
   startedAt: ms.optional(),
   /** The run's `token` from its dispatch. */
   token: z.string().max(64).optional(),
+  /** On `stale`: why the run was not started. */
+  reason: text(MAX_ERROR_TEXT).optional(),
+  /**
+   * On `completed` / `failed`: what the run produced, kept on the run (e.g. an HTTP job's status
+   * and body excerpt). At most MAX_RESULT_BYTES as JSON.
+   */
+  result: z.unknown().optional().refine((v) => v === undefined || JSON.stringify(v).length <= MAX_RESULT_BYTES, `at most ${MAX_RESULT_BYTES} bytes as JSON`),
   /** In an EventBatch v2: the shard of the run (from its dispatch). */
   shard: z.number().int().nonnegative().optional(),
 });

@@ -629,6 +629,7 @@ export class ShardActor implements EventSink {
     list.push({
       runId, taskId: row.id, taskName: row.name, attempt: base.attempt, source, payload: opts.manual?.payload ?? row.payload,
       scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.shard, token: run.token,
+      deadline: releaseAt + row.timeoutMs, gen: row.generation,
     });
     this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source });
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
@@ -681,20 +682,30 @@ export class ShardActor implements EventSink {
         continue;
       }
       if (ev.type === "progress") { if (run) this.extend(run, now); continue; }
+      if (ev.type === "stale") {
+        // Not started by the executor (expired, superseded, task removed): recorded as such; a run
+        // still in flight here ends as after a timeout (the retry policy decides).
+        const why = `not run by executor ${instance}: ${ev.reason ?? "stale"}`;
+        if (!run) { if (!this.finishedByEvent.has(ev.runId) && !this.finishedByEventOld.has(ev.runId)) round.write.runUpdates.push({ id: ev.runId, lateOutcome: `stale: ${ev.reason ?? "stale"}` }); continue; }
+        this.finishedByEvent.add(run.runId);
+        this.finishRun(round, run, now, { type: "TIMED_OUT", runId: run.runId }, { finishedMs: ev.at, state: "stale", error: why });
+        continue;
+      }
       const ok = ev.type === "completed";
+      const result = ev.result !== undefined ? { result: ev.result } : {};
       // A short run's end may carry its start instead of a separate `started` event.
       const start = ev.startedAt !== undefined ? { startedMs: ev.startedAt, executorInstance: instance } : {};
       if (!run) {
         if (this.finishedByEvent.has(ev.runId) || this.finishedByEventOld.has(ev.runId)) continue; // applied already (redelivered)
         // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
-        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance, ...start });
+        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance, ...start, ...result });
         continue;
       }
       this.finishedByEvent.add(run.runId);
       if (this.finishedByEvent.size >= 50_000) { this.finishedByEventOld = this.finishedByEvent; this.finishedByEvent = new Set(); }
       this.finishRun(round, run, now, ok ? { type: "SUCCEEDED", runId: run.runId } : {
         type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
-      }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start });
+      }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start, ...result });
     }
   }
 
@@ -1018,7 +1029,8 @@ export class ShardActor implements EventSink {
       if (!m.runs.length) continue;
       n += m.runs.length;
       const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
-        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id) }));
+        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id),
+        deadline: (r.firedMs ?? now) + r.timeoutMs, ...(this.live.get(r.taskId) ? { gen: this.live.get(r.taskId)!.row.generation } : {}) }));
       // Recorded ahead of their due time by the previous owner: published at it, never before.
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs)
         .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));

@@ -262,6 +262,29 @@ create index task_history_task on task_history (task_id, id);
 `,
   },
   {
+    version: 14,
+    name: "stale runs, run results, task generation, executor instances",
+    // A run an executor refused to start (expired, superseded, its task removed) ends 'stale';
+    // an executor's result (an HTTP job's status and body excerpt) is kept on the run; a task's
+    // generation (migration 11) goes out with each dispatch (ax task update bumps it);
+    // executor instances report liveness (last seen, runs in flight) by heartbeat.
+    sql: `
+alter table runs drop constraint if exists runs_state_check;
+alter table runs add constraint runs_state_check check (state in ('running','success','failed','timed_out','refused','skipped','stale'));
+alter table runs add column result jsonb;
+create table executor_instances (
+  executor text not null,
+  instance text not null,
+  started_ms bigint not null,
+  last_seen_ms bigint not null,
+  in_flight int not null default 0,
+  concurrency int,
+  stats jsonb,
+  primary key (executor, instance)
+);
+`,
+  },
+  {
     version: 17,
     name: "partly released dispatch messages",
     // A message released while one of its shards was lost goes out with the other shards' runs

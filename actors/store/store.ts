@@ -47,7 +47,7 @@ function toRun(r: Row): RunRow {
     finishedMs: r.finished_ms as number | null, state: r.state as RunRow["state"], error: r.error as string | null,
     causedBy: r.caused_by as string | null, upstreamRuns: r.upstream_runs as string[] | null,
     lateOutcome: r.late_outcome as string | null, createdMs: r.created_ms as number,
-    dispatchId: (r.dispatch_id as string | null) ?? null,
+    dispatchId: (r.dispatch_id as string | null) ?? null, result: r.result ?? null,
   };
 }
 
@@ -230,7 +230,7 @@ export class Store {
   async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number): Promise<void> {
     await this.pool.query(
       `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms) values ($1, $2, coalesce($3, 5000), $4, $4)
-       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight)`,
+       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight), kind = $2`,
       [name, kind, maxInFlight, nowMs]);
   }
   async listExecutors(): Promise<Array<{ name: string; kind: string; maxInFlight: number; lastSeenMs: number | null }>> {
@@ -428,9 +428,11 @@ export class Store {
   }
 
   /** `afterId`: the next page of a listing, in id order. */
-  async listTasks(opts: { limit?: number; shard?: number; afterId?: number } = {}): Promise<TaskRow[]> {
-    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) and ($3::bigint is null or t.id > $3) order by t.id limit $1`,
-      [opts.limit ?? 1000, opts.shard ?? null, opts.afterId ?? null]);
+  /** `state`, `executor`: equal; `namePrefix`: the name starts with it (operator filters of `ax task ls`). */
+  async listTasks(opts: { limit?: number; shard?: number; afterId?: number; state?: string; executor?: string; namePrefix?: string } = {}): Promise<TaskRow[]> {
+    const r = await this.pool.query(`select ${TASK_COLS} from tasks t where ($2::int is null or t.shard = $2) and ($3::bigint is null or t.id > $3)
+      and ($4::text is null or t.state = $4) and ($5::text is null or t.executor = $5) and ($6::text is null or starts_with(t.name, $6)) order by t.id limit $1`,
+      [opts.limit ?? 1000, opts.shard ?? null, opts.afterId ?? null, opts.state ?? null, opts.executor ?? null, opts.namePrefix ?? null]);
     return r.rows.map(toTask);
   }
 
@@ -537,8 +539,10 @@ export class Store {
 
   // ---- runs ------------------------------------------------------------------------------------
 
-  async listRuns(taskId: number, limit: number): Promise<RunRow[]> {
-    const r = await this.pool.query("select * from runs where task_id = $1 order by created_ms desc, id desc limit $2", [taskId, limit]);
+  /** `states`: only runs in one of these; `sinceMs`: only runs created at or after it (`ax runs --outcome --since`). */
+  async listRuns(taskId: number, limit: number, f: { states?: string[]; sinceMs?: number } = {}): Promise<RunRow[]> {
+    const r = await this.pool.query(`select * from runs where task_id = $1 and ($3::text[] is null or state = any($3)) and ($4::bigint is null or created_ms >= $4)
+      order by created_ms desc, id desc limit $2`, [taskId, limit, f.states ?? null, f.sinceMs ?? null]);
     return r.rows.map(toRun);
   }
   async getRun(id: string): Promise<RunRow | null> {
@@ -712,11 +716,12 @@ const UPDATE_RUNS = `${FENCE_CTE}
     error = coalesce(u.error, r.error),
     -- A run that has its own outcome keeps it: a completion seen again (redelivered, or re-published
     -- after a NATS restart to a shard loaded afresh) is not a late one.
-    late_outcome = case when r.state in ('success', 'failed') then r.late_outcome else coalesce(u.late, r.late_outcome) end
-  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text)
+    late_outcome = case when r.state in ('success', 'failed') then r.late_outcome else coalesce(u.late, r.late_outcome) end,
+    result = coalesce(u.result, r.result)
+  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text, result jsonb)
   where r.id = u.id and r.shard = u.shard and u.shard in (select shard from ok)`;
 
-interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null }
+interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null; result?: unknown }
 
 function runUpdatesJson(writes: ShardWrite[]): string | null {
   // Several updates of one run may arrive in one batch (a started event, then the end): folded
@@ -727,7 +732,7 @@ function runUpdatesJson(writes: ShardWrite[]): string | null {
       const prev = folded.get(u.id);
       if (!prev) {
         folded.set(u.id, { id: u.id, shard: w.shard, state: u.state ?? null, started_ms: u.startedMs ?? null, finished_ms: u.finishedMs ?? null,
-          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null });
+          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null, ...(u.result !== undefined ? { result: u.result } : {}) });
         continue;
       }
       if (u.state !== undefined) prev.state = u.state;
@@ -736,6 +741,7 @@ function runUpdatesJson(writes: ShardWrite[]): string | null {
       if (u.executorInstance !== undefined) prev.instance = u.executorInstance;
       if (u.error !== undefined) prev.error = u.error;
       if (u.lateOutcome !== undefined) prev.late = u.lateOutcome;
+      if (u.result !== undefined) prev.result = u.result;
     }
   }
   return folded.size ? JSON.stringify([...folded.values()]) : null;

@@ -2,7 +2,7 @@
 export type MisfirePolicy = "once" | "skip" | "all";
 export type OverlapPolicy = "forbid" | "allow";
 export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire";
-export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped";
+export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped" | "stale";
 
 export interface TriggerRow { id: number; kind: "cron" | "fixed_rate" | "fixed_delay" | "once"; spec: unknown; enabled: boolean }
 
@@ -36,7 +36,7 @@ export interface TaskRow extends TaskDefinition {
   updatedMs: number;
   triggers: TriggerRow[];
   hasDownstreams: boolean;
-  /** Changes of its definition so far (`ax task update`, `ax apply`; migration 11). */
+  /** Changes of its definition so far (`ax task update`, `ax apply`; migration 11); goes out with each dispatch, so the SDK can refuse a queued run of an older definition. */
   generation: number;
   /** The `ax apply` set that owns the task (null: made by hand). */
   applySet: string | null;
@@ -80,9 +80,11 @@ export interface RunRow {
   lateOutcome: string | null;
   createdMs: number;
   dispatchId: string | null;
+  /** What the executor reported with the run's end (bounded JSON), e.g. an HTTP job's status and body excerpt. */
+  result: unknown;
 }
 
-export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome" | "dispatchId"> & {
+export type RunInsert = Omit<RunRow, "executorInstance" | "startedMs" | "finishedMs" | "lateOutcome" | "dispatchId" | "result"> & {
   finishedMs?: number | null;
   /** JetStream message id of the dispatch that carries the run (set before the write, published after). */
   dispatchId?: string | null;
@@ -97,6 +99,8 @@ export interface RunUpdate {
   executorInstance?: string;
   error?: string;
   lateOutcome?: string;
+  /** The executor's result (bounded JSON; see RunEventSchema.result). */
+  result?: unknown;
 }
 
 export interface TaskUpdate {
