@@ -68,9 +68,8 @@ export function parseHttpRequestSpec(payload: unknown): HttpRequestSpec & { time
 /** Refuses, at create, an HTTP executor's task whose payload is not a valid request (`index`: the spec's place in a bulk call). */
 export async function checkHttpTasks(store: Store, tasks: Array<{ executor: string; payload: unknown }>): Promise<void> {
   const names = [...new Set(tasks.map((t) => t.executor))];
-  const r = await store.pool.query<{ name: string }>("select name from executors where kind = 'http' and name = any($1::text[])", [names]);
-  if (!r.rowCount) return;
-  const http = new Set(r.rows.map((x) => x.name));
+  const http = await store.httpExecutorsAmong(names);
+  if (!http.size) return;
   tasks.forEach((t, index) => {
     if (!http.has(t.executor)) return;
     try { parseHttpRequestSpec(t.payload); } catch (e) { throw Object.assign(e as Error, { index }); }

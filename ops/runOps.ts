@@ -53,19 +53,10 @@ export class RunOps {
     });
     const stale: Record<string, string> = {};
     if (!want.length) return { stale };
-    const pool = this.d.store.pool;
-    const runs = new Map((await pool.query<{ id: string; state: string; error: string | null; executor: string; task_id: number }>(
-      "select id, state, error, executor, task_id from runs where id = any($1::text[])", [want.map((w) => w.runId)])).rows.map((r) => [r.id, r]));
-    const tasks = new Map((await pool.query<{ id: number; generation: number }>(
-      "select id, generation from tasks where id = any($1::bigint[])", [[...new Set(want.map((w) => w.taskId))]])).rows.map((t) => [Number(t.id), t.generation]));
+    const runs = await this.d.store.runStates(want.map((w) => w.runId));
+    const tasks = await this.d.store.taskGenerations(want.map((w) => w.taskId));
     const ended = want.filter((w) => runs.get(w.runId) && runs.get(w.runId)!.state !== "running");
-    const retries = new Map<string, string>();
-    if (ended.length) {
-      const r = await pool.query<{ id: string; caused_by: string }>(
-        "select id, caused_by from runs where task_id = any($1::bigint[]) and caused_by = any($2::text[]) order by created_ms",
-        [[...new Set(ended.map((w) => w.taskId))], ended.map((w) => w.runId)]);
-      for (const x of r.rows) if (!retries.has(x.caused_by)) retries.set(x.caused_by, x.id);
-    }
+    const retries = ended.length ? await this.d.store.firstCausedBy(ended.map((w) => w.taskId), ended.map((w) => w.runId)) : new Map<string, string>();
     for (const w of want) {
       const run = runs.get(w.runId);
       if (run && run.executor !== executor) throw new InvalidInputError("runs", w.runId, `run of executor ${run.executor}, not ${executor}`, "AX_E_FORBIDDEN");
@@ -87,33 +78,28 @@ export class RunOps {
     if (typeof instance !== "string" || !instance.length || instance.length > 200) throw new InvalidInputError("instance", instance, "required (1 to 200 characters)");
     const num = (v: unknown, min: number, max: number) => (typeof v === "number" && Number.isFinite(v) ? Math.max(min, Math.min(max, Math.floor(v))) : null);
     const now = this.d.clock.now();
-    const pool = this.d.store.pool;
+    const instances = this.d.store.executorInstances;
     if (a.stopping === true) {
-      await pool.query("delete from executor_instances where executor = $1 and instance = $2", [executor, instance]);
+      await instances.gone(executor, instance, now);
     } else {
       const stats = { everyMs: num(a.everyMs, 100, 3_600_000) ?? 5000, kind: a.kind === "http" ? "http" : "nats", counters: a.stats ?? null };
-      await pool.query(
-        `insert into executor_instances (executor, instance, started_ms, last_seen_ms, in_flight, concurrency, stats) values ($1, $2, $3, $4, $5, $6, $7)
-         on conflict (executor, instance) do update set last_seen_ms = $4, in_flight = $5, concurrency = $6, stats = $7`,
-        [executor, instance, num(a.startedMs, 0, Number.MAX_SAFE_INTEGER) ?? now, now, num(a.inFlight, 0, 10_000_000) ?? 0, num(a.concurrency, 1, 10_000_000), JSON.stringify(stats)]);
+      await instances.beat({ executor, instance, startedMs: num(a.startedMs, 0, Number.MAX_SAFE_INTEGER) ?? now, nowMs: now,
+        inFlight: num(a.inFlight, 0, 10_000_000) ?? 0, concurrency: num(a.concurrency, 1, 10_000_000), stats });
     }
-    await pool.query("update executors set last_seen_ms = greatest(coalesce(last_seen_ms, 0), $2) where name = $1", [executor, now]);
     return { ok: true };
   }
 
   /** Every registered executor with its instances' liveness (a dead executor is flagged). */
   async executorLiveness(): Promise<ExecutorView[]> {
     const now = this.d.clock.now();
-    const pool = this.d.store.pool;
-    await pool.query("delete from executor_instances where last_seen_ms < $1", [now - FORGET_INSTANCE_MS]).catch(() => undefined);
+    await this.d.store.executorInstances.forgetOlderThan(now - FORGET_INSTANCE_MS).catch(() => undefined);
     const execs = await this.d.store.listExecutors();
-    const rows = (await pool.query<{ executor: string; instance: string; started_ms: number; last_seen_ms: number; in_flight: number; concurrency: number | null; stats: { everyMs?: number } | null }>(
-      "select executor, instance, started_ms, last_seen_ms, in_flight, concurrency, stats from executor_instances order by executor, instance")).rows;
+    const rows = await this.d.store.executorInstances.list();
     return execs.map((e) => {
       const mine = rows.filter((r) => r.executor === e.name).map((r) => {
-        const alive = now - r.last_seen_ms <= MISSED_BEATS * (r.stats?.everyMs ?? 5000);
-        return { instance: r.instance, lastSeenAt: new Date(r.last_seen_ms).toISOString(), lastSeenMs: r.last_seen_ms, inFlight: alive ? r.in_flight : 0,
-          concurrency: r.concurrency, alive, startedAt: new Date(r.started_ms).toISOString() };
+        const alive = now - r.lastSeenMs <= MISSED_BEATS * (r.stats?.everyMs ?? 5000);
+        return { instance: r.instance, lastSeenAt: new Date(r.lastSeenMs).toISOString(), lastSeenMs: r.lastSeenMs, inFlight: alive ? r.inFlight : 0,
+          concurrency: r.concurrency, alive, startedAt: new Date(r.startedMs).toISOString() };
       });
       const live = mine.filter((i) => i.alive);
       const liveness: Liveness = live.length ? "alive" : mine.length ? "dead" : "none";
@@ -136,12 +122,11 @@ export class RunOps {
     const run = await this.d.store.getRun(id);
     if (!run) throw new InvalidInputError("run", id, "no such run (runs are kept for the retention period)", "AX_E_NOT_FOUND");
     if (run.state === "running") return { run, final: false, next: null, retryPending: false };
-    const r = await this.d.store.pool.query<{ id: string }>("select id from runs where task_id = $1 and caused_by = $2 and source = 'retry' order by created_ms limit 1", [run.taskId, run.id]);
-    const next = r.rows[0]?.id ?? null;
+    const next = await this.d.store.retryOf(run.taskId, run.id);
     if (next) return { run, final: false, next, retryPending: false };
     if (run.state === "success" || run.state === "skipped") return { run, final: true, next: null, retryPending: false };
-    const t = await this.d.store.pool.query<{ next_source: string | null; next_caused_by: string | null }>("select next_source, next_caused_by from tasks where id = $1", [run.taskId]);
-    const pending = t.rows[0]?.next_source === "retry" && t.rows[0]?.next_caused_by === run.id;
+    const task = await this.d.store.getTask(run.taskId);
+    const pending = task?.nextSource === "retry" && task.nextCausedBy === run.id;
     return { run, final: !pending, next: null, retryPending: pending };
   }
 

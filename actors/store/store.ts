@@ -6,6 +6,7 @@ import { fullRecord, storedRecord } from "./recordCodec.ts";
 import { DependencyEdges } from "./edges.ts";
 import { AuditTrail } from "./audit.ts";
 import { TaskHistory } from "./history.ts";
+import { ExecutorInstances } from "./executorInstances.ts";
 import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
@@ -72,6 +73,7 @@ export class Store {
   readonly audit: AuditTrail;
   /** Definition changes of tasks (ax task update / apply). */
   readonly history: TaskHistory;
+  readonly executorInstances: ExecutorInstances;
   constructor(opts: StoreOptions) {
     this.schema = opts.schema;
     this.pool = new pg.Pool({
@@ -95,6 +97,7 @@ export class Store {
     this.edges = new DependencyEdges(this.pool, this.schema, (fn) => this.transaction(fn));
     this.audit = new AuditTrail(this.pool);
     this.history = new TaskHistory(this.pool);
+    this.executorInstances = new ExecutorInstances(this.pool);
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
@@ -145,6 +148,39 @@ export class Store {
       await c.query("insert into meta (key, value) values ('drained', $1::jsonb) on conflict (key) do update set value = excluded.value", [JSON.stringify([...set])]);
       return [...set];
     });
+  }
+
+  /** Those of these executors that are HTTP bridges (kind http). */
+  async httpExecutorsAmong(names: string[]): Promise<Set<string>> {
+    const r = await this.pool.query<{ name: string }>("select name from executors where kind = 'http' and name = any($1::text[])", [names]);
+    return new Set(r.rows.map((x) => x.name));
+  }
+
+  /** State, error, executor and task of these runs (those still kept). */
+  async runStates(ids: string[]): Promise<Map<string, { id: string; state: string; error: string | null; executor: string; taskId: number }>> {
+    const r = await this.pool.query("select id, state, error, executor, task_id from runs where id = any($1::text[])", [ids]);
+    return new Map(r.rows.map((x) => [x.id as string, { id: x.id, state: x.state, error: x.error ?? null, executor: x.executor, taskId: Number(x.task_id) }]));
+  }
+
+  /** The generation of each of these tasks that still exists. */
+  async taskGenerations(ids: number[]): Promise<Map<number, number>> {
+    const r = await this.pool.query("select id, generation from tasks where id = any($1::bigint[])", [[...new Set(ids)]]);
+    return new Map(r.rows.map((x) => [Number(x.id), Number(x.generation)]));
+  }
+
+  /** For each of these runs, the first run it caused (its retry), if any. */
+  async firstCausedBy(taskIds: number[], runIds: string[]): Promise<Map<string, string>> {
+    const r = await this.pool.query("select id, caused_by from runs where task_id = any($1::bigint[]) and caused_by = any($2::text[]) order by created_ms",
+      [[...new Set(taskIds)], runIds]);
+    const out = new Map<string, string>();
+    for (const x of r.rows) if (!out.has(x.caused_by)) out.set(x.caused_by, x.id);
+    return out;
+  }
+
+  /** The retry that replaced this run, if one was fired. */
+  async retryOf(taskId: number, runId: string): Promise<string | null> {
+    const r = await this.pool.query("select id from runs where task_id = $1 and caused_by = $2 and source = 'retry' order by created_ms limit 1", [taskId, runId]);
+    return (r.rows[0]?.id as string | undefined) ?? null;
   }
 
   async executorExists(name: string): Promise<boolean> {
