@@ -3,6 +3,7 @@ import pg from "pg";
 import { AxError, InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
 import { fullRecord, storedRecord } from "./recordCodec.ts";
+import { LEDGER_UPSERT, ledgerJson } from "./ledgerStore.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -571,6 +572,8 @@ export class Store {
       if (ins) jobs.push(c.query({ name: "ax_insert_runs", text: INSERT_RUNS, values: [ins, shards, epochs] }));
       if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
       if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
+      const ledger = ledgerJson(writes);
+      if (ledger) jobs.push(c.query({ name: "ax_ledger", text: LEDGER_UPSERT, values: [ledger, shards, epochs] }));
       // Not fenced: a message row names runs; only the runs that were written are ever re-published.
       if (dispatches.length) jobs.push(c.query({ name: "ax_insert_dispatches", text: INSERT_DISPATCHES, values: [JSON.stringify(dispatches)] }));
       jobs.push(c.query("commit"));
