@@ -70,6 +70,7 @@ export class LedgerView {
     const d = iv.details;
     const s: string[] = [];
     const span = iv.count === 1 ? `the slot ${iso(iv.fromMs)}` : `${iv.countAtLeast ? "at least " : ""}${iv.count} slots from ${iso(iv.fromMs)} to ${iso(iv.toMs)}`;
+    const were = iv.count === 1 ? "was" : "were";
     const misfire = typeof d.misfire === "string" ? d.misfire : task.misfire;
     const catchUp = async (fromMs: number): Promise<string> => {
       if (misfire === "skip") return `misfire=skip: no catch-up; the cadence resumed${typeof d.resumesAtMs === "number" ? ` at ${iso(d.resumesAtMs)}` : ""}.`;
@@ -87,21 +88,21 @@ export class LedgerView {
         break;
       }
       case "outage":
-        s.push(`It did not fire because shard ${iv.shard} had no owner able to fire it: its last owner${d.lastOwner ? ` ${String(d.lastOwner)} (epoch ${String(d.lastEpoch)}, owner since ${iso(d.lastOwnerSinceMs as number | null)})` : ""} was gone, and node ${String(d.node)} acquired it at ${iso(d.acquiredMs as number)} under epoch ${String(d.epoch)}; ${span} were missed meanwhile.`);
+        s.push(`It did not fire because shard ${iv.shard} had no owner able to fire it: its previous owner${d.lastOwner ? ` ${String(d.lastOwner)} (epoch ${String(d.lastEpoch)}, owner since ${iso(d.lastOwnerSinceMs as number | null)})` : ""} had stopped firing it (died, or handed it over), and node ${String(d.node)} acquired it at ${iso(d.acquiredMs as number)} under epoch ${String(d.epoch)}, too late for ${span} (more than the 1 s grace).`);
         s.push(await catchUp(Number(d.acquiredMs ?? iv.createdMs)));
         break;
       case "collapsed": {
         const r = typeof d.catchUpRunId === "string" ? (await this.store.getRuns([d.catchUpRunId]))[0] ?? null : await this.catchUpAfter(task.id, iv.createdMs);
-        s.push(`It was collapsed into a catch-up (misfire=${misfire}): ${span} passed before the node could fire them${r ? `, and catch-up run ${r.id} fired once for them at ${iso(r.firedMs)} (${r.state})` : ""}.`);
+        s.push(`It was collapsed into a catch-up (misfire=${misfire}): ${span} ${iv.count === 1 ? "was" : "were"} already past when the task could next be decided (the node was behind, or a retry chain held the task)${r ? `, and catch-up run ${r.id} stood for ${iv.count === 1 ? "it" : "them"}, fired at ${iso(r.firedMs)} (${r.state})` : ""}.`);
         break;
       }
       case "misfire-skip":
         s.push(d.cause === "unrecorded"
-          ? `It was not fired and no decision named a cause for it (${span}); counted as skipped by the misfire policy (misfire=${misfire}).`
-          : `It was skipped by the misfire policy (misfire=skip): ${span} passed before the node could fire them; the cadence resumed with the next slot.`);
+          ? `It was not fired: ${span} ${were} already past when the task was next decided (a retry chain or a late decision held it), and no decision named another cause; misfire=${misfire}.`
+          : `It was skipped by the misfire policy (misfire=skip): ${span} ${were} already past when the task could next be decided; the cadence resumed with the next slot.`);
         break;
       case "overlap": {
-        s.push(`It was not fired because run ${String(d.runningRunId)} was still in flight (overlap=forbid); ${span} were skipped while it ran${d.skippedRunId ? ` (last recorded as skipped run ${String(d.skippedRunId)})` : ""}.`);
+        s.push(`It was not fired because run ${String(d.runningRunId)} was still in flight (overlap=forbid); ${span} ${were} skipped while it ran${d.skippedRunId ? ` (last recorded as skipped run ${String(d.skippedRunId)})` : ""}.`);
         if (misfire !== "skip") s.push(await catchUp(iv.updatedMs));
         break;
       }

@@ -642,6 +642,8 @@ export class ShardActor implements EventSink {
     // Slots only move forward: a catch-up for an older skipped slot never rewinds the cadence.
     const key = String(p.triggerId);
     if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = { ...row.triggerSlots, [key]: p.slotMs };
+    // Decided more than the grace late (a retry, a catch-up, a busy node): later slots may be past too.
+    if (p.slotMs !== null && p.slotMs < now - GRACE_MS) ledger.recordMisfireGap(round.write.ledger!, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
     this.setPointer(round, lt, this.nextOf(round, lt, now));
   }

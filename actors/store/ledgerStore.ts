@@ -115,9 +115,9 @@ const toLedger = (r: Row): LedgerRow => ({
   node: (r.node as string | null) ?? null, shard: Number(r.shard), epoch: Number(r.epoch), createdMs: Number(r.created_ms), updatedMs: Number(r.updated_ms),
 });
 
-/** Reads of the ledger (the namespace's pool: its search_path is the namespace's schema). */
+/** Reads of the ledger (the namespace's pool, or one of its clients inside a transaction: the search_path is the namespace's schema). */
 export class LedgerStore {
-  constructor(private readonly pool: Pool) {}
+  constructor(private readonly pool: Pick<Pool, "query">) {}
 
   /** Intervals of a task that overlap [fromMs, toMs], oldest first. */
   async between(taskId: number, fromMs: number, toMs: number, limit = 1000): Promise<LedgerRow[]> {

@@ -196,3 +196,23 @@ describe("ledger module: intervals", () => {
     expect(nextPointer(task, now)?.slotMs).toBe(T0 + 70_000);
   });
 });
+
+describe("deploy/prometheus/ax-ledger-rules.yml", () => {
+  it("parses, uses ax_slots_total with every outcome the ledger knows, and never counts paused or excluded slots as failures", async () => {
+    const { parse } = await import("yaml");
+    const { readFileSync } = await import("node:fs");
+    const doc = parse(readFileSync("deploy/prometheus/ax-ledger-rules.yml", "utf8")) as { groups: Array<{ rules: Array<{ alert?: string; record?: string; expr: string }> }> };
+    const rules = doc.groups.flatMap((g) => g.rules);
+    expect(rules.filter((r) => r.alert).map((r) => r.alert)).toContain("AxSlotsNotFiring");
+    const failing = /outcome=~"([^"]+)"/;
+    for (const r of rules) {
+      expect(r.expr).toMatch(/ax_slots_total|ax:slots_not_fired/);
+      for (const m of r.expr.matchAll(new RegExp(failing, "g"))) {
+        const outcomes = m[1]!.split("|");
+        expect(outcomes).not.toContain("paused");
+        expect(outcomes).not.toContain("excluded");
+        for (const o of outcomes) expect([...ledger.NON_RUN_REASONS, "run"]).toContain(o);
+      }
+    }
+  });
+});
