@@ -248,6 +248,8 @@ create index dispatches_created on dispatches (created_ms);
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+/** Every migration's version, in order (numbers may have gaps while branches that add migrations are merged). */
+export const SCHEMA_VERSIONS: readonly number[] = MIGRATIONS.map((m) => m.version);
 
 export function quoteIdent(id: string): string {
   return `"${id.replace(/"/g, '""')}"`;
