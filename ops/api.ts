@@ -9,6 +9,7 @@ import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "../actors/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
+import { LedgerView, parseInstant } from "./ledgerView.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
 import { TaskEditor } from "./taskEditor.ts";
 import { describeChange } from "./history.ts";
@@ -311,7 +312,8 @@ export class Api {
       case "dag": return this.dag(args);
       case "run": return this.manualRun(args);
       case "runs": return this.runs(args);
-      case "why": return this.why(args);
+      case "why": return args.task !== undefined ? this.whyTask(args) : this.why(args);
+      case "ledger": return this.ledgerTimeline(args);
       case "status": return this.d.status();
       case "audit": return this.audit.list({
         limit: args.limit !== undefined ? intIn("limit", args.limit, 1, 10_000) : 50,
@@ -534,6 +536,7 @@ export class Api {
   private async runs(a: Record<string, unknown>): Promise<unknown> {
     const t = await this.task(a);
     const limit = a.limit !== undefined ? intIn("limit", a.limit, 1, 10_000) : 20;
+    if (a.all === true) return new LedgerView(this.d.store, () => this.d.clock.now()).timeline(t, limit);
     return (await this.d.store.listRuns(t.id, limit, runListFilters(a, this.d.clock.now()))).map(publicRun);
   }
 
@@ -548,6 +551,22 @@ export class Api {
     const change = await this.editor.history.changeBefore(run);
     if (change) sentences.splice(1, 0, `It is the first run after update ${change.generation} of the task at ${change.at} by ${change.who} (${describeChange(change.change)}).`);
     return { run: publicRun(run), sentences, ...(change ? { afterUpdate: change } : {}) };
+  }
+
+  /** `why TASK --at TIME` / `--between T1 T2`: what happened to the slots (ops/ledgerView.ts). */
+  private async whyTask(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const view = new LedgerView(this.d.store, () => this.d.clock.now());
+    if (a.at !== undefined) return view.whyAt(t, parseInstant("at", a.at));
+    if (a.from !== undefined && a.to !== undefined) return view.whyBetween(t, parseInstant("from", a.from), parseInstant("to", a.to));
+    throw new InvalidInputError("at", a.at, "give --at TIME or --between T1 T2");
+  }
+
+  /** The dashboard's timeline of a task: runs and non-run intervals, newest first. */
+  private async ledgerTimeline(a: Record<string, unknown>): Promise<unknown> {
+    const t = await this.task(a);
+    const limit = a.limit !== undefined ? intIn("limit", a.limit, 1, 10_000) : 100;
+    return new LedgerView(this.d.store, () => this.d.clock.now()).timeline(t, limit);
   }
 
   private async shardsLs(): Promise<unknown> {

@@ -304,18 +304,28 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
         if (end.run.state !== "success") throw new AxError("AX_E_RUN_FAILED", `run ${end.run.id} ended ${end.run.state}${end.run.error ? `: ${end.run.error}` : ""}`, { field: "run", value: end.run.id });
       });
     });
-  program.command("runs <task>").description("run history, newest first").option("--limit <n>", "how many", "20")
+  program.command("runs <task>").description("run history, newest first (--all: with the slots that did not run, and why)").option("--limit <n>", "how many", "20")
     .option("--outcome <states>", "only runs that ended so (comma-separated: success, failed, timed_out, stale, refused, skipped, running)")
-    .option("--since <when>", "only runs since an ISO time, or for a duration back (1h)").option("--json")
-    .action(async (ref: string, o: { limit: string; outcome?: string; since?: string; json?: boolean }) => {
-      const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("runs", { task: ref, limit: o.limit, ...(o.outcome ? { outcome: o.outcome } : {}), ...(o.since ? { since: o.since } : {}) }));
+    .option("--since <when>", "only runs since an ISO time, or for a duration back (1h)")
+    .option("--all", "interleave the slots that did not run (paused, overlap, outage, collapsed, …: recorded intervals) with the runs").option("--json")
+    .action(async (ref: string, o: { limit: string; outcome?: string; since?: string; all?: boolean; json?: boolean }) => {
+      const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("runs", { task: ref, limit: o.limit, ...(o.outcome ? { outcome: o.outcome } : {}), ...(o.since ? { since: o.since } : {}), ...(o.all ? { all: true } : {}) }));
+      if (o.all) {
+        print(o.json, rs, () => table(rs.map((r) => ({ ...r, what: r.kind === "run" ? `${String(r.source)} ${String(r.state)}` : `${String(r.reason)} ×${String(r.slots)}`, id: r.id, from: r.from ?? r.at })), ["at", "kind", "what", "id", "from", "firedAt", "node", "shard", "epoch"]));
+        return;
+      }
       print(o.json, rs, (wide) => table(rs, wide ? ["id", "source", "state", "dueAt", "firedAt", "startedAt", "finishedAt", "attempt", "node", "shard", "epoch", "executorInstance", "error", "lateOutcome", "result"]
         : ["id", "source", "state", "dueAt", "firedAt", "finishedAt", "attempt", "node", "shard", "epoch", "error"]));
     });
-  program.command("why <run>").description("why this run happened when it did, and how it ended").option("--json").action(async (id: string, o: { json?: boolean }) => {
-    const r = await withClient((c) => c.call<{ sentences: string[] }>("why", { run: id }));
-    print(o.json, r, () => r.sentences.join("\n"));
-  });
+  program.command("why <target>").description("why a run happened and how it ended (ax why RUN); or what happened to a task's slots (ax why TASK --at TIME | --between T1 T2)")
+    .option("--at <time>", "an instant (ISO 8601 or epoch ms): the nearest slot of each trigger and its fate")
+    .option("--between <times...>", "two instants: every slot in between, by outcome").option("--json")
+    .action(async (target: string, o: { at?: string; between?: string[]; json?: boolean }) => {
+      if (o.between && o.between.length !== 2) throw new InvalidInputError("between", o.between, "needs two times: --between T1 T2");
+      const args = o.at !== undefined ? { task: target, at: o.at } : o.between ? { task: target, from: o.between[0], to: o.between[1] } : { run: target };
+      const r = await withClient((c) => c.call<{ sentences: string[] }>("why", args));
+      print(o.json, r, () => r.sentences.join("\n"));
+    });
   program.command("status").description("nodes, shards, lag, throughput").option("--json").action(async (o: { json?: boolean }) => {
     const s = await withClient((c) => c.call<{ namespace: string; shardCount: number; nodes: Array<{ id: string; http: string | null; shards: number[]; load: { firedPerSec: number; inFlight: number; lagMs: number }; failing?: Record<string, string> }>; unowned: number[]; tasks: number | null; running: number | null; drained: string[]; executors?: ExecutorLine[] }>("status"));
     const failing = s.nodes.flatMap((n) => Object.entries(n.failing ?? {}).map(([d, why]) => `  ${n.id}: ${d} unreachable: ${why}`));

@@ -15,6 +15,7 @@ export function createMetrics() {
     dependencyUp: new Gauge({ name: "ax_dependency_up", help: "1 while this node reaches the dependency (postgres, redis, nats)", labelNames: ["dependency"], registers: [registry] }),
     dependencyOutages: new Counter({ name: "ax_dependency_outages_total", help: "Outages of a dependency seen by this node", labelNames: ["dependency"], registers: [registry] }),
     shardStartFailures: new Counter({ name: "ax_shard_start_failures_total", help: "Shard starts (or rounds) that failed and are retried with back-off", registers: [registry] }),
+    slots: new Counter({ name: "ax_slots_total", help: "Trigger slots accounted, by outcome: run, or the reason it did not run (paused, overlap, misfire-skip, collapsed, outage, refused, upstream, excluded)", labelNames: ["outcome"], registers: [registry] }),
     refused: new Counter({ name: "ax_refused_total", help: "Inputs refused at the edges (API, HTTP), by cause", labelNames: ["cause"], registers: [registry] }),
   };
 }

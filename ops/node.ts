@@ -5,6 +5,7 @@ import { Kvm } from "@nats-io/kv";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { connectionUptime, encode, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
+import { LedgerStore } from "../actors/store/index.ts";
 import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
@@ -184,6 +185,7 @@ export class AxNode {
     await this.supervisor.start();
     this.pruneTimer = setInterval(() => {
       void this.store.pruneRuns(this.clock.now() - c.retentionMs).then((n) => { if (n) this.log.info({ pruned: n }, "run history pruned"); }, () => undefined);
+      void new LedgerStore(this.store.pool).prune(this.clock.now() - c.retentionMs).then((n) => { if (n) this.log.info({ pruned: n }, "ledger pruned"); }, () => undefined);
       // Message records serve re-publishing inside JetStream's 2-minute duplicate window only.
       void this.store.pruneDispatches(this.clock.now() - 600_000).catch(() => undefined);
     }, 60_000);
@@ -246,6 +248,7 @@ export class AxNode {
         "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
         "task:stuck": () => this.metrics.stuck.inc(),
+        "slots:accounted": (e) => this.metrics.slots.inc({ outcome: e.outcome }, e.count),
       },
     });
     // Registered before it starts: start() ends with the actor active, its wheel and refill running

@@ -14,6 +14,8 @@ import type { Ackable, EventSink } from "../events/index.ts";
 import { publishDispatch, replayParts, type Persister, type ShardDispatchRun } from "../persister.ts";
 import { backoffMs, compiledOf, nextPointer, type Pointer } from "./schedule.ts";
 import { applyDefinitionChange, type DefinitionChange } from "./update.ts";
+import { LedgerStore } from "../store/index.ts";
+import * as ledger from "./ledger.ts";
 
 export interface ShardActorDeps {
   nodeId: string;
@@ -62,6 +64,8 @@ export interface ShardEvents {
   "run:fired"?: (e: { shard: number; runId: string; taskId: number; lateMs: number; source: RunSource }) => void;
   "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string }) => void;
   "task:stuck"?: (e: { shard: number; taskId: number; reason: string }) => void;
+  /** Slots accounted by a written round, per outcome (run or a non-run reason; see ledger.ts). */
+  "slots:accounted"?: (e: { shard: number; outcome: ledger.SlotOutcome; count: number }) => void;
 }
 
 export type ShardCommand =
@@ -93,6 +97,8 @@ interface InFlightRun {
   slotsBefore?: { key: string; value: number | undefined };
   /** Recorded ahead of its due time: the pointer it was decided from (an update withdraws it and decides it again). */
   held?: Pointer;
+  /** The ledger's watermark before this run's slot was accounted (given back with it). */
+  ledgerBefore?: { key: string; value: number | undefined };
 }
 
 interface LiveTask {
@@ -186,6 +192,8 @@ export class ShardActor implements EventSink {
   private readonly leadMs: number;
   /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
   private acquiredMs = Infinity;
+  /** Who owned the shard before this actor (named by outage intervals in the ledger). */
+  private prevOwner: { owner: string | null; epoch: number | null; sinceMs: number | null } = { owner: null, epoch: null, sinceMs: null };
   /** Timeouts wait until the events published before them are read (see EventCatchUp). */
   private readonly catchUp: EventCatchUp;
   private readonly timeoutCheckedFrom = new Map<string, number>();
@@ -220,6 +228,7 @@ export class ShardActor implements EventSink {
     this.state = "loading";
     this.acquiredMs = this.d.clock.now();
     const t0 = this.d.clock.monotonic();
+    this.prevOwner = await new LedgerStore(this.d.store.pool).previousOwner(this.shard);
     const dueRows = await this.d.store.dueOfShard(this.shard);
     await this.d.due.rebuild(this.shard, dueRows);
     const running = await this.d.store.runningRuns(this.shard);
@@ -350,7 +359,7 @@ export class ShardActor implements EventSink {
 
   private newRound(): Round {
     return {
-      write: { shard: this.shard, epoch: this.epoch, runInserts: [], runUpdates: [], taskUpdates: [] },
+      write: { shard: this.shard, epoch: this.epoch, runInserts: [], runUpdates: [], taskUpdates: [], ledger: [] },
       dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(), notInRedis: new Set(),
     };
   }
@@ -466,6 +475,7 @@ export class ShardActor implements EventSink {
     this.stats.stuck++;
     this.log.error({ taskId: lt.row.id, err: reason }, "task:stuck: its schedule cannot be computed; the task is paused and the shard goes on");
     this.transition(lt, { type: "PAUSE" });
+    ledger.notePaused(lt.row, this.d.clock.now());
     const rec = lt.row.record as TaskRecord;
     lt.row.record = { ...rec, context: { ...rec.context, lastError: `schedule stuck: ${reason}` } };
     round.touched.add(lt.row.id);
@@ -519,6 +529,26 @@ export class ShardActor implements EventSink {
     return !!lt && (lt.row.record as TaskRecord).context.inFlight.length > 0;
   }
 
+  // ---- ledger of occurrences (actors/shard/ledger.ts) --------------------------------------
+
+  private ledgerCtx(now: number): ledger.LedgerContext {
+    return { node: this.d.nodeId, shard: this.shard, epoch: this.epoch, now };
+  }
+
+  /** Slots due before this actor began loading the shard came due while nobody here owned it. */
+  private gapCause(dueMs: number): ledger.GapCause {
+    if (dueMs >= this.acquiredMs) return { kind: "behind" };
+    return { kind: "outage", acquiredMs: this.acquiredMs, node: this.d.nodeId, epoch: this.epoch,
+      lastOwner: this.prevOwner.owner, lastEpoch: this.prevOwner.epoch, lastOwnerSinceMs: this.prevOwner.sinceMs };
+  }
+
+  /** What a fire decision did with a trigger's slot (retries, manual and dependency runs stand for none). */
+  private ledgerSlot(round: Round, lt: LiveTask, p: Pointer, source: RunSource, fate: ledger.SlotFate, now: number): void {
+    if (p.triggerId === null || p.slotMs === null || source === "retry" || source === "manual" || source === "dependency") return;
+    const f: ledger.SlotFate = source === "misfire" && fate.outcome !== "catch-up" && "runId" in fate ? { outcome: "catch-up", runId: fate.runId } : fate;
+    if (ledger.recordSlot(round.write.ledger!, lt.row, p.triggerId, p.slotMs, f, this.ledgerCtx(now))) round.touched.add(lt.row.id);
+  }
+
   private onDue(round: Round, taskId: number, dueMs: number, now: number): void {
     const lt = this.live.get(taskId);
     if (!lt) return; // deleted
@@ -532,6 +562,7 @@ export class ShardActor implements EventSink {
     if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay" && !this.onlyBehind(row, p, now)) {
       // Came due while nobody owned the shard (node down, hand-over), or so long ago that later
       // slots passed too: the misfire policy decides.
+      ledger.recordMisfireGap(round.write.ledger!, row, this.gapCause(dueMs), this.ledgerCtx(now), { graceMs: GRACE_MS });
       const np = this.nextOf(round, lt, now);
       if (!np) { this.setPointer(round, lt, null); return; }
       if (np.dueMs > now + this.d.tickMs) { this.setPointer(round, lt, np); return; } // skip: resume cadence
@@ -598,9 +629,11 @@ export class ShardActor implements EventSink {
         lt.skippedWhileRunning++;
         lt.lastSkipped = { triggerId: p.triggerId, slotMs: p.slotMs };
         round.write.runInserts.push({ ...base, attempt: 0, state: "skipped", finishedMs: now, error: `not fired: previous run ${res.runningRunId} still in flight (overlap=forbid)` });
+        this.ledgerSlot(round, lt, p, source, { outcome: "overlap", runId, runningRunId: res.runningRunId ?? "?" }, now);
         this.advanceAfterFire(round, lt, p, now);
       } else if (source !== "dependency") {
         this.log.warn({ taskId: row.id, reason: res.reason }, "fire refused by the machine");
+        this.ledgerSlot(round, lt, p, source, { outcome: "upstream", state: row.state, why: res.reason }, now);
         this.setPointer(round, lt, null);
       } // dependency: the trigger is nak'ed and comes back; the task's own schedule stays as it is
       return;
@@ -612,6 +645,7 @@ export class ShardActor implements EventSink {
       const delay = backoffMs(1, Math.max(row.backoffMs, 100), Math.max(row.backoffMaxMs, 1000), this.d.random);
       const why = `refused: executor ${row.executor} has ${this.d.limiter.inFlight(row.executor)} runs in flight (limit ${this.d.limiter.limitOf(row.executor)}); retry in ${delay}ms`;
       round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
+      this.ledgerSlot(round, lt, p, source, { outcome: "refused", runId, executor: row.executor, inFlight: this.d.limiter.inFlight(row.executor), limit: this.d.limiter.limitOf(row.executor), retryInMs: delay }, now);
       if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...row.triggerSlots, [String(p.triggerId)]: p.slotMs };
       this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
       opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
@@ -622,6 +656,8 @@ export class ShardActor implements EventSink {
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, runId) };
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
     if (!opts.manual && releaseAt > now) run.held = p;
+    if (p.triggerId !== null && source !== "misfire") run.ledgerBefore = ledger.saveWatermark(row.triggerSlots, p.triggerId);
+    this.ledgerSlot(round, lt, p, source, source === "misfire" ? { outcome: "catch-up", runId } : { outcome: "run", runId }, now);
     run.ref = this.wheel.add(releaseAt + row.timeoutMs, { k: 1, runId });
     this.inFlight.set(runId, run);
     let list = round.dispatch.get(row.executor);
@@ -666,6 +702,8 @@ export class ShardActor implements EventSink {
     // Slots only move forward: a catch-up for an older skipped slot never rewinds the cadence.
     const key = String(p.triggerId);
     if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = { ...row.triggerSlots, [key]: p.slotMs };
+    // Decided more than the grace late (a retry, a catch-up, a busy node): later slots may be past too.
+    if (p.slotMs !== null && p.slotMs < now - GRACE_MS) ledger.recordMisfireGap(round.write.ledger!, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
     this.setPointer(round, lt, this.nextOf(round, lt, now));
   }
@@ -781,6 +819,7 @@ export class ShardActor implements EventSink {
     }
     // The chain ended (success, or failed with no attempts left).
     if (row.hasDownstreams) round.outcomes.push({ taskId: row.id, runId: run.runId, outcome: res.to === "success" ? "success" : "failed", at: now, ...(upd.error ? { reason: upd.error } : {}) });
+    ledger.recordMisfireGap(round.write.ledger!, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
     let p = this.nextOf(round, lt, now, { completedMs: upd.finishedMs ?? now });
     if (lt.skippedWhileRunning > 0 && row.misfire !== "skip" && lt.lastSkipped && (!p || p.dueMs > now)) {
       // A slow run made slots pass: fire once at once for the latest of them, then the cadence resumes.
@@ -839,15 +878,21 @@ export class ShardActor implements EventSink {
       case "pause": {
         const res = this.transition(lt, { type: "PAUSE" });
         if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
+        ledger.notePaused(lt.row, now);
         this.withdrawHeld(round, lt, "the task was paused before the run's due time", now);
         this.setPointer(round, lt, null);
         round.replies.push(() => reply({ ok: true, value: { state: lt.row.state } }));
         return;
       }
       case "resume": {
+        const stuck = lt.stuck;
         delete lt.stuck;
         const res = this.transition(lt, { type: "RESUME" });
         if (!res.ok) { fail(new AxError("AX_E_CONFLICT", res.reason, { field: "task", value: lt.row.name })); return; }
+        // The slots that fell while it was paused are recorded now, with the pause's window.
+        ledger.recordMisfireGap(round.write.ledger!, lt.row, { kind: "paused", pausedAtMs: ledger.pausedAt(lt.row.triggerSlots), resumedAtMs: now, ...(stuck ? { stuck } : {}) },
+          this.ledgerCtx(now), { graceMs: GRACE_MS });
+        ledger.clearPaused(lt.row);
         // Missed slots while paused: the misfire policy decides, as after downtime.
         if (res.to !== "running") this.setPointer(round, lt, this.nextOf(round, lt, now));
         round.touched.add(lt.row.id);
@@ -882,6 +927,7 @@ export class ShardActor implements EventSink {
         if (run.slotsBefore.value === undefined) delete slots[run.slotsBefore.key]; else slots[run.slotsBefore.key] = run.slotsBefore.value;
         lt.row.triggerSlots = slots;
       }
+      if (run.ledgerBefore) ledger.restoreWatermark(lt.row, run.ledgerBefore);
       this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused", error: `withdrawn before dispatch: ${why}` });
       out.push(run);
     }
@@ -963,6 +1009,8 @@ export class ShardActor implements EventSink {
       this.d.onFenced(this.shard);
       return;
     }
+    const slotEvent = this.d.events?.["slots:accounted"];
+    if (slotEvent) for (const [outcome, count] of ledger.slotOutcomes(round.write.ledger ?? [], round.write.runInserts)) slotEvent({ shard: this.shard, outcome, count });
     // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
     for (const m of round.acks) m.ack();
     for (const m of round.naks) m.nak(1000);

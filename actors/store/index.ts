@@ -8,3 +8,4 @@ export type {
   TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, TaskDefUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,
   MisfirePolicy, OverlapPolicy, RunSource, RunState,
 } from "./types.ts";
+export { LedgerStore, type LedgerInsert, type LedgerRow, type NonRunReason } from "./ledgerStore.ts";

@@ -1,4 +1,5 @@
 import type { Pool, PoolClient } from "pg";
+import { LEDGER_MIGRATION_SQL } from "./ledgerStore.ts";
 
 /**
  * Versioned migrations for one namespace's schema. Applied under a transaction-scoped advisory
@@ -260,6 +261,14 @@ create table task_history (
 );
 create index task_history_task on task_history (task_id, id);
 `,
+  },
+  {
+    version: 13,
+    name: "ledger of non-runs; a shard's previous owner",
+    // Every slot is a run or a recorded non-run (actors/shard/ledger.ts); runs of consecutive
+    // non-runs with one cause are one row. The shard's previous owner and epoch are kept by a
+    // trigger when its epoch changes, so an outage can name them.
+    sql: LEDGER_MIGRATION_SQL,
   },
   {
     version: 14,

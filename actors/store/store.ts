@@ -8,6 +8,7 @@ import { AuditTrail } from "./audit.ts";
 import { TaskHistory } from "./history.ts";
 import { ExecutorInstances } from "./executorInstances.ts";
 import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
+import { LEDGER_UPSERT, ledgerJson } from "./ledgerStore.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -690,6 +691,8 @@ export class Store {
       if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
       if (defs) jobs.push(c.query({ name: "ax_update_definitions", text: UPDATE_DEFINITIONS, values: [defs, shards, epochs, Date.now()] }));
       if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
+      const ledger = ledgerJson(writes);
+      if (ledger) jobs.push(c.query({ name: "ax_ledger", text: LEDGER_UPSERT, values: [ledger, shards, epochs] }));
       // Not fenced: a message row names runs; only the runs that were written are ever re-published.
       if (dispatches.length) jobs.push(c.query({ name: "ax_insert_dispatches", text: INSERT_DISPATCHES, values: [JSON.stringify(dispatches)] }));
       jobs.push(c.query("commit"));

@@ -1,3 +1,4 @@
+import type { LedgerInsert } from "./ledgerStore.ts";
 /** Row shapes as the engine sees them (bigint columns parsed to numbers: ids and epoch ms fit in 2^53). */
 export type MisfirePolicy = "once" | "skip" | "all";
 export type OverlapPolicy = "forbid" | "allow";
@@ -123,6 +124,8 @@ export interface ShardWrite {
   runInserts: RunInsert[];
   runUpdates: RunUpdate[];
   taskUpdates: TaskUpdate[];
+  /** Non-run intervals decided in the round (actors/shard/ledger.ts), written in the same fenced transaction. */
+  ledger?: LedgerInsert[];
   /** Definition changes (`ax task update`), written fenced with the round (see definitionUpdate.ts). */
   defUpdates?: TaskDefUpdate[];
 }
