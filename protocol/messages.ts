@@ -41,7 +41,7 @@ export const DispatchRunSchema = z.object({
    */
   deadline: ms.optional(),
   /** The task's generation when the run was decided; a later one means the run is obsolete (see run.check). */
-  gen: z.number().int().positive().optional(),
+  gen: z.number().int().nonnegative().optional(),
 });
 
 /**

@@ -604,7 +604,7 @@ export class ShardActor implements EventSink {
         this.reserved.delete(row.id);
         if (reservedFor === row.executor) placed = waited = true; else this.d.limiter.release(reservedFor);
       }
-      if (!placed && !this.d.limiter.tryAcquire(row.executor)) { this.waitForCapacity(lt, p.dueMs); return; }
+      if (!placed && !this.d.limiter.tryAcquire(row.executor)) { this.waitForCapacity(round, lt, p.dueMs); return; }
       placed = true;
     }
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
@@ -678,8 +678,11 @@ export class ShardActor implements EventSink {
    * node's limiter; its `capacity` mail decides it again when a place frees (see onDue, which
    * also sees a pause or a new schedule that came meanwhile).
    */
-  private waitForCapacity(lt: LiveTask, dueMs: number): void {
+  private waitForCapacity(round: Round, lt: LiveTask, dueMs: number): void {
     const id = lt.row.id;
+    // Written with the round: what this round decided about the task before it had to wait (the
+    // ledger's watermark past slots it accounted, say) must not be lost if the shard moves now.
+    round.touched.add(id);
     if (this.waitingForCapacity.get(id) === dueMs) return;
     this.waitingForCapacity.set(id, dueMs);
     this.stats.waited++;
