@@ -37,6 +37,13 @@ import { ENV_DEFAULTS, parseDuration } from "../common/index.ts";
 import { nextSweepRate, sweepWarmUp } from "./sweep.ts";
 
 const argv = process.argv.slice(2);
+if (argv.includes("--help") || argv.includes("-h")) {
+  // The usage is this file's header: `npm run bench -- --help` once ran every scenario (37 minutes).
+  const { readFileSync } = await import("node:fs");
+  const header = readFileSync(new URL(import.meta.url), "utf8").split("*/")[0]!.replace(/^\/\*\*\n/, "").replace(/^ \* ?/gm, "");
+  process.stdout.write(header);
+  process.exit(0);
+}
 const flag = (name: string) => argv.includes(`--${name}`);
 const opt = (name: string): string | undefined => { const i = argv.indexOf(`--${name}`); return i >= 0 ? argv[i + 1] : undefined; };
 const num = (name: string): number | undefined => { const v = opt(name); return v === undefined ? undefined : Number(v); };
