@@ -1,4 +1,4 @@
-import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type JetStreamManager } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type ConsumerInfo, type JetStreamManager } from "@nats-io/jetstream";
 import { AxError, type Names } from "../common/index.ts";
 
 export interface EnsureStreamsOptions {
@@ -52,18 +52,20 @@ export async function ensureStreams(jsm: JetStreamManager, n: Names, opts: Ensur
   }
 }
 
-async function ensureConsumer(jsm: JetStreamManager, stream: string, durable: string, filter: string, ackWaitMs: number, maxAckPending: number): Promise<void> {
+/** The durable's info, after creating it if it did not exist. */
+async function ensureConsumer(jsm: JetStreamManager, stream: string, durable: string, filter: string, ackWaitMs: number, maxAckPending: number): Promise<ConsumerInfo> {
   try {
-    await jsm.consumers.info(stream, durable);
+    return await jsm.consumers.info(stream, durable);
   } catch (e) {
     if (!isNotFound(e)) throw e;
     try {
-      await jsm.consumers.add(stream, {
+      return await jsm.consumers.add(stream, {
         durable_name: durable, filter_subject: filter, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All,
         ack_wait: ackWaitMs * 1_000_000, max_ack_pending: maxAckPending, max_deliver: -1,
       });
     } catch (e2) {
       if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;
+      return jsm.consumers.info(stream, durable);
     }
   }
 }
@@ -99,16 +101,18 @@ export async function ensureNodeEventsConsumer(jsm: JetStreamManager, n: Names, 
 export const DEPENDENCY_ACK_WAIT_MS = 5_000;
 
 /** One shard's two durables, re-created if they were deleted (a shard being loaded checks them). */
-export async function ensureShardConsumer(jsm: JetStreamManager, n: Names, shard: number): Promise<void> {
-  await Promise.all([
+/** A shard's two durables (created if missing), with their info: a consumer made from it needs no second lookup. */
+export async function ensureShardConsumer(jsm: JetStreamManager, n: Names, shard: number): Promise<{ events: ConsumerInfo; triggers: ConsumerInfo }> {
+  const [events, triggers] = await Promise.all([
     ensureConsumer(jsm, n.eventsStream, shardEventsConsumer(shard), n.eventsSubject(shard), 10_000, 20_000),
     ensureConsumer(jsm, n.eventsStream, shardTriggerConsumer(shard), n.triggerSubject(shard), DEPENDENCY_ACK_WAIT_MS, 5_000),
   ]);
+  return { events, triggers };
 }
 
 /** Per-shard durables: they move with the shard, so a new owner resumes where the old one acked. */
 export async function ensureShardConsumers(jsm: JetStreamManager, n: Names, shardCount: number): Promise<void> {
-  const jobs: Array<Promise<void>> = [];
+  const jobs: Array<Promise<unknown>> = [];
   for (let s = 0; s < shardCount; s++) {
     // Events are applied in one round (milliseconds): a short ack wait gets a batch pulled by a
     // node that froze or died to the next owner quickly.

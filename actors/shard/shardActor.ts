@@ -3,7 +3,7 @@ import { jetstreamManager, type JetStreamClient, type ConsumerMessages } from "@
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
   DependencyTriggerSchema, EventBatchV1Schema, EventCatchUp, connectionUptime, decode, derivedRunId, encode, ensureShardConsumer, jetStreamProgress, newRunId, runToken,
-  nodeEventsConsumer, shardEventsConsumer, shardTriggerConsumer, tokenMatches,
+  nodeEventsConsumer, shardEventsConsumer, tokenMatches,
   type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
@@ -260,12 +260,14 @@ export class ShardActor implements EventSink {
   }
 
   private async startConsumers(): Promise<void> {
-    await ensureShardConsumer(await jetstreamManager(this.d.nc), this.d.names, this.shard);
-    const ev = await this.d.js.consumers.get(this.d.names.eventsStream, shardEventsConsumer(this.shard));
+    // Two JetStream API calls per shard at load (was five: a manager's account check and a second
+    // lookup of each durable); a node taking 64 shards at once under load waited seconds on them.
+    const infos = await ensureShardConsumer(await jetstreamManager(this.d.nc, { checkAPI: false }), this.d.names, this.shard);
+    const ev = this.d.js.consumers.getConsumerFromInfo(infos.events);
     const expires = this.d.pullExpiresMs ? { expires: Math.max(1000, this.d.pullExpiresMs) } : {};
     // A deleted consumer ends the loop (see consumerEnded) instead of being retried silently.
     const evMsgs = await ev.consume({ max_messages: 256, abort_on_missing_resource: true, ...expires });
-    const tr = await this.d.js.consumers.get(this.d.names.eventsStream, shardTriggerConsumer(this.shard));
+    const tr = this.d.js.consumers.getConsumerFromInfo(infos.triggers);
     const trMsgs = await tr.consume({ max_messages: 64, abort_on_missing_resource: true, ...expires });
     this.consumers.push(evMsgs, trMsgs);
     this.consumerLoops.push((async () => {
