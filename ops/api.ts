@@ -10,6 +10,7 @@ import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "..
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
+import { SchedulingOps, checkCalendarsExist, specWithOptions } from "./scheduling.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -104,6 +105,8 @@ export const CreateTaskInput = z.object({
   after: z.array(z.string()).optional(), timeout: z.union([z.string(), z.number()]).optional(), retries: z.union([z.string(), z.number()]).optional(),
   backoff: z.union([z.string(), z.number()]).optional(), backoffMax: z.union([z.string(), z.number()]).optional(), misfire: z.string().optional(), overlap: z.string().optional(),
   payload: z.unknown().optional(),
+  jitter: z.union([z.string(), z.number()]).optional(), start: z.union([z.string(), z.number()]).optional(), end: z.union([z.string(), z.number()]).optional(),
+  maxRuns: z.union([z.string(), z.number()]).optional(), excludeCalendar: z.string().optional(),
 }).passthrough();
 
 /** Most tasks one `task.bulkCreate` call takes (a NATS message is 1 MB by default: ~5-10k specs). */
@@ -141,6 +144,7 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number, limits:
   } else {
     for (const f of ["tz", "dstGap", "dstRepeat"] as const) if (opt(a[f])) throw new InvalidInputError(f, a[f], "only with --cron");
   }
+  spec = specWithOptions(a, spec, now); // --jitter, --start, --end, --max-runs, --exclude-calendar
   const timeoutMs = opt(a.timeout) ? boundedDuration("timeout", durationOf("timeout", a.timeout)) : 30_000;
   const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
   const backoffMs = opt(a.backoff) ? boundedDuration("backoff", durationOf("backoff", a.backoff, true)) : 1000;
@@ -150,7 +154,7 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number, limits:
   const overlap = a.overlap ?? "forbid";
   if (overlap !== "forbid" && overlap !== "allow") throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
   const triggers = spec ? [{ kind: spec.kind, spec }] : [];
-  const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire, createdMs: now }, now) : null;
+  const pointer = spec ? nextPointer({ name, triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire, createdMs: now }, now) : null;
   const record = freshRecord(retries + 1, overlap);
   return {
     after,
@@ -184,8 +188,8 @@ function freshRecord(maxAttempts: number, overlap: "forbid" | "allow"): TaskReco
   return r;
 }
 
-const STRING_FIELDS = new Set(["cron", "tz", "dstGap", "dstRepeat", "at", "misfire", "overlap"]);
-const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax"]);
+const STRING_FIELDS = new Set(["cron", "tz", "dstGap", "dstRepeat", "at", "misfire", "overlap", "excludeCalendar"]);
+const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax", "jitter", "start", "end", "maxRuns"]);
 
 /** True when `raw` passes CreateTaskInput as is (optional = absent or undefined; passthrough keeps the rest). */
 function matchesCreateTaskInput(raw: unknown): boolean {
@@ -215,7 +219,12 @@ function inItem(e: unknown, i: number): unknown {
 export class Api {
   private readonly limits: ApiLimits;
   private readonly audit: AuditLog;
-  constructor(private readonly d: ApiDeps) { this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.pool); }
+  /** Calendars, backfill, forecast (ops/scheduling.ts). */
+  readonly scheduling: SchedulingOps;
+  constructor(private readonly d: ApiDeps) {
+    this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.pool);
+    this.scheduling = new SchedulingOps({ store: d.store, clock: d.clock, shardCommand: (shard, cmd) => this.shardCommand(shard, cmd) });
+  }
 
   /**
    * One operation. Whatever the input, a refusal is an AxError naming the field (a 4xx over
@@ -298,6 +307,12 @@ export class Api {
       case "shards.rebalance": return this.rebalance(args);
       case "node.drain": return this.drain(args, true);
       case "node.undrain": return this.drain(args, false);
+      case "calendar.create": return this.scheduling.calendarCreate(args);
+      case "calendar.ls": return this.scheduling.calendarLs();
+      case "calendar.show": return this.scheduling.calendarShow(args);
+      case "calendar.rm": return this.scheduling.calendarRm(args);
+      case "task.backfill": return this.scheduling.backfill(await this.task(args), args);
+      case "forecast": return this.scheduling.forecast(args);
       default: throw new InvalidInputError("op", op, "unknown operation");
     }
   }
@@ -315,6 +330,7 @@ export class Api {
   async createTask(raw: Record<string, unknown>): Promise<unknown> {
     const now = this.d.clock.now();
     const p = parseTaskSpec(raw, now, this.limits);
+    await checkCalendarsExist(this.d.store, p.task.triggers.map((t) => t.spec as TriggerSpec));
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount) });
@@ -350,6 +366,7 @@ export class Api {
       } catch (e) { throw inItem(e, i); }
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
+    await checkCalendarsExist(this.d.store, parsed.flatMap((p) => p.task.triggers.map((t) => t.spec as TriggerSpec)), "tasks[].excludeCalendar");
     const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
     const tasks: BulkNewTask[] = parsed.map((p, i) => {
       const task = p.task as BulkNewTask; // parseTaskSpec's object is ours: completed in place, not copied

@@ -5,3 +5,4 @@ export type {
   TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,
   MisfirePolicy, OverlapPolicy, RunSource, RunState,
 } from "./types.ts";
+export { putCalendar, listCalendars, loadCalendars, removeCalendar, tasksUsingCalendar, backfilledSlots, type CalendarRow } from "./calendars.ts";
