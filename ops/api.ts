@@ -603,7 +603,7 @@ export function publicRun(r: RunRow) {
     id: r.id, taskId: r.taskId, task: r.taskName, source: r.source, state: r.state, dueAt: iso(r.dueMs), firedAt: iso(r.firedMs),
     startedAt: iso(r.startedMs), finishedAt: iso(r.finishedMs), node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt,
     executor: r.executor, executorInstance: r.executorInstance, error: r.error, causedBy: r.causedBy, upstreamRuns: r.upstreamRuns,
-    lateOutcome: r.lateOutcome, dueReason: r.dueReason,
+    lateOutcome: r.lateOutcome, dueReason: r.dueReason, slotAt: iso(r.slotMs),
   };
 }
 

@@ -128,7 +128,7 @@ export interface WhatIf {
 export function whatIfDown(f: ForecastTrigger, misfire: MisfirePolicy, downFrom: number, downTo: number, graceMs = 1000): WhatIf {
   const o = f.options ?? {};
   const none: WhatIf = { missed: 0, catchUp: [], excluded: 0 };
-  const left = o.maxRuns !== undefined ? o.maxRuns - f.taken : Infinity;
+  let left = o.maxRuns !== undefined ? o.maxRuns - f.taken : Infinity;
   if (left <= 0) return none;
   const t = windowed(f.compiled, o);
   let last: number | null;
@@ -138,6 +138,16 @@ export function whatIfDown(f: ForecastTrigger, misfire: MisfirePolicy, downFrom:
     last = lastSlotAtOrBefore(f.spec, f.compiled, cap);
     if (last !== null && o.startMs !== undefined && last < o.startMs) last = null;
     if (last === null && f.createdMs > downFrom) return none; // created after the outage began
+  }
+  if (o.maxRuns !== undefined && last !== null && f.spec.kind !== "fixed_delay") {
+    // Slots from the last fired one up to the outage use up runs first.
+    const floor = f.spec.kind === "cron" ? f.createdMs : Number.MIN_SAFE_INTEGER;
+    let used = 0;
+    for (let s = t.next(f.lastSlotMs ?? floor); s !== null && s <= last && used < left; s = t.next(s)) {
+      if (++used > MAX_LISTED_SLOTS) throw new TooManySlotsError("downFrom", MAX_LISTED_SLOTS);
+    }
+    left -= used;
+    if (left <= 0) return none;
   }
   const planNow = o.endMs !== undefined ? Math.min(downTo, o.endMs + graceMs + 1) : downTo;
   const plan = planAfter(t, last, planNow, misfire, { graceMs, createdAtMs: Math.min(f.createdMs, downFrom) });
