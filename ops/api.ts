@@ -7,6 +7,7 @@ import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts
 import type { TriggerInput } from "../actors/triggers/index.ts";
 import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "../actors/index.ts";
+import { describeOptions, scheduleOptionsOf } from "../actors/triggers/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
@@ -583,7 +584,7 @@ export function fmtInZone(ms: number, tz: string): string {
 
 /** A stored trigger in words; one that no longer compiles says so (its task is shown, not refused). */
 function describeTrigger(spec: unknown): string {
-  try { return compileTrigger(spec as TriggerSpec).describe(); } catch (e) { return `cannot be read: ${(e as Error).message}`; }
+  try { const o = describeOptions(scheduleOptionsOf(spec)); return compileTrigger(spec as TriggerSpec).describe() + (o ? `; ${o}` : ""); } catch (e) { return `cannot be read: ${(e as Error).message}`; }
 }
 
 export function publicTask(t: TaskRow) {

@@ -153,6 +153,18 @@ export function windowed(t: CompiledTrigger, o: ScheduleOptions): CompiledTrigge
   };
 }
 
+/** The options in words, for `task show` ("" when none): "jitter 5m, from …, until …, at most 20 runs, excluding calendar holidays". */
+export function describeOptions(o: ScheduleOptions | null): string {
+  if (!o) return "";
+  const parts: string[] = [];
+  if (o.jitterMs !== undefined) parts.push(`jitter ${formatDuration(o.jitterMs)}`);
+  if (o.startMs !== undefined) parts.push(`from ${isoUtc(o.startMs)}`);
+  if (o.endMs !== undefined) parts.push(`until ${isoUtc(o.endMs)}`);
+  if (o.maxRuns !== undefined) parts.push(`at most ${o.maxRuns} run(s)`);
+  if (o.calendar !== undefined) parts.push(`excluding the dates of calendar ${o.calendar}`);
+  return parts.join(", ");
+}
+
 /** Where a trigger's count of fired slots is kept in the task's trigger-slot map. */
 export const runsKey = (triggerId: number | string): string => `runs:${triggerId}`;
 export function runsTaken(slots: Readonly<Record<string, number>>, triggerId: number | string): number {

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import {
-  bucketize, compileTrigger, exclusionOf, forecastDues, jitterFor, parseCalendarDates, parseScheduleOptions, parseTrigger, planAfter, scheduleOptionsOf,
+  bucketize, compileTrigger, describeOptions, exclusionOf, forecastDues, jitterFor, parseCalendarDates, parseScheduleOptions, parseTrigger, planAfter, scheduleOptionsOf,
   slotsBetween, whatIfDown, windowed, withScheduleOptions, type Calendar, type ForecastTrigger, type MisfirePolicy, type ScheduleOptions, type TriggerSpec,
 } from "../../actors/triggers/index.ts";
 import { countTaken, endedReason, nextPointer } from "../../actors/shard/schedule.ts";
@@ -130,6 +130,7 @@ describe("window and max runs", () => {
     expect(() => parseScheduleOptions({ excludeCalendar: "a b" }, s, c, T0)).toThrow(/^excludeCalendar: must be a calendar name/);
     expect(scheduleOptionsOf(withScheduleOptions(s, parseScheduleOptions({ maxRuns: "3", excludeCalendar: "hol" }, s, c, T0)))).toEqual({ maxRuns: 3, calendar: "hol" });
     expect(parseScheduleOptions({}, s, c, T0)).toBeNull();
+    expect(describeOptions({ jitterMs: 300_000, endMs: T0, maxRuns: 20, calendar: "hol" })).toBe("jitter 5m, until 2026-12-01T00:00:00.000Z, at most 20 run(s), excluding the dates of calendar hol");
   });
 });
 
