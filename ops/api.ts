@@ -7,6 +7,7 @@ import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts
 import type { TriggerInput } from "../actors/triggers/index.ts";
 import type { TaskRecord } from "../actors/machine/index.ts";
 import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "../actors/index.ts";
+import { describeOptions, scheduleOptionsOf } from "../actors/triggers/index.ts";
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { LedgerView, parseInstant } from "./ledgerView.ts";
@@ -16,6 +17,7 @@ import { describeChange } from "./history.ts";
 import { RunOps } from "./runOps.ts";
 import { runListFilters, taskListFilters } from "./opsFilters.ts";
 import { checkHttpTasks } from "./httpJob.ts";
+import { SchedulingOps, checkCalendarsExist, specWithOptions } from "./scheduling.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -110,6 +112,8 @@ export const CreateTaskInput = z.object({
   after: z.array(z.string()).optional(), timeout: z.union([z.string(), z.number()]).optional(), retries: z.union([z.string(), z.number()]).optional(),
   backoff: z.union([z.string(), z.number()]).optional(), backoffMax: z.union([z.string(), z.number()]).optional(), misfire: z.string().optional(), overlap: z.string().optional(),
   payload: z.unknown().optional(),
+  jitter: z.union([z.string(), z.number()]).optional(), start: z.union([z.string(), z.number()]).optional(), end: z.union([z.string(), z.number()]).optional(),
+  maxRuns: z.union([z.string(), z.number()]).optional(), excludeCalendar: z.string().optional(),
 }).passthrough();
 
 /** Most tasks one `task.bulkCreate` call takes (a NATS message is 1 MB by default: ~5-10k specs). */
@@ -147,6 +151,7 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number, limits:
   } else {
     for (const f of ["tz", "dstGap", "dstRepeat"] as const) if (opt(a[f])) throw new InvalidInputError(f, a[f], "only with --cron");
   }
+  spec = specWithOptions(a, spec, now); // --jitter, --start, --end, --max-runs, --exclude-calendar
   const timeoutMs = opt(a.timeout) ? boundedDuration("timeout", durationOf("timeout", a.timeout)) : 30_000;
   const retries = opt(a.retries) ? intIn("retries", a.retries, 0, 100) : 0;
   const backoffMs = opt(a.backoff) ? boundedDuration("backoff", durationOf("backoff", a.backoff, true)) : 1000;
@@ -156,7 +161,7 @@ export function parseTaskSpec(raw: Record<string, unknown>, now: number, limits:
   const overlap = a.overlap ?? "forbid";
   if (overlap !== "forbid" && overlap !== "allow") throw new InvalidInputError("overlap", overlap, "must be forbid or allow");
   const triggers = spec ? [{ kind: spec.kind, spec }] : [];
-  const pointer = spec ? nextPointer({ triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire, createdMs: now }, now) : null;
+  const pointer = spec ? nextPointer({ name, triggers: [{ id: 0, kind: spec.kind, spec, enabled: true }], triggerSlots: {}, misfire, createdMs: now }, now) : null;
   const record = freshRecord(retries + 1, overlap);
   return {
     after,
@@ -190,8 +195,8 @@ function freshRecord(maxAttempts: number, overlap: "forbid" | "allow"): TaskReco
   return r;
 }
 
-const STRING_FIELDS = new Set(["cron", "tz", "dstGap", "dstRepeat", "at", "misfire", "overlap"]);
-const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax"]);
+const STRING_FIELDS = new Set(["cron", "tz", "dstGap", "dstRepeat", "at", "misfire", "overlap", "excludeCalendar"]);
+const STRING_OR_NUMBER_FIELDS = new Set(["every", "fixedDelay", "delay", "timeout", "retries", "backoff", "backoffMax", "jitter", "start", "end", "maxRuns"]);
 
 /** True when `raw` passes CreateTaskInput as is (optional = absent or undefined; passthrough keeps the rest). */
 function matchesCreateTaskInput(raw: unknown): boolean {
@@ -225,8 +230,11 @@ export class Api {
   private readonly editor: TaskEditor;
   /** Single runs and executor instances (ops/runOps.ts). */
   readonly runOps: RunOps;
+  /** Calendars, backfill, forecast (ops/scheduling.ts). */
+  readonly scheduling: SchedulingOps;
   constructor(private readonly d: ApiDeps) {
     this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit);
+    this.scheduling = new SchedulingOps({ store: d.store, clock: d.clock, shardCommand: (shard, cmd) => this.shardCommand(shard, cmd) });
     this.runOps = new RunOps({ store: d.store, nc: d.nc, names: d.names, clock: d.clock });
     this.editor = new TaskEditor({
       store: d.store, clock: d.clock, parseSpec: (raw, now) => parseTaskSpec(raw, now, this.limits), resolveTask: (ref) => this.task({ task: ref }),
@@ -325,6 +333,12 @@ export class Api {
       case "shards.rebalance": return this.rebalance(args);
       case "node.drain": return this.drain(args, true);
       case "node.undrain": return this.drain(args, false);
+      case "calendar.create": return this.scheduling.calendarCreate(args);
+      case "calendar.ls": return this.scheduling.calendarLs();
+      case "calendar.show": return this.scheduling.calendarShow(args);
+      case "calendar.rm": return this.scheduling.calendarRm(args);
+      case "task.backfill": return this.scheduling.backfill(await this.task(args), args);
+      case "forecast": return this.scheduling.forecast(args);
       default: throw new InvalidInputError("op", op, "unknown operation");
     }
   }
@@ -344,6 +358,7 @@ export class Api {
     const now = this.d.clock.now();
     const p = parseTaskSpec(raw, now, this.limits);
     await checkHttpTasks(this.d.store, [p.task]);
+    await checkCalendarsExist(this.d.store, p.task.triggers.map((t) => t.spec as TriggerSpec));
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount), ...(applySet ? { applySet } : {}) });
@@ -380,6 +395,7 @@ export class Api {
       for (const n of parsed[i]!.after) afterNames.add(n);
     }
     try { await checkHttpTasks(this.d.store, parsed.map((p) => p.task)); } catch (e) { throw inItem(e, (e as { index?: number }).index ?? 0); }
+    await checkCalendarsExist(this.d.store, parsed.flatMap((p) => p.task.triggers.map((t) => t.spec as TriggerSpec)), "tasks[].excludeCalendar");
     const upIds = afterNames.size ? await this.d.store.taskIdsByName([...afterNames]) : new Map<string, number>();
     const tasks: BulkNewTask[] = parsed.map((p, i) => {
       const task = p.task as BulkNewTask; // parseTaskSpec's object is ours: completed in place, not copied
@@ -620,7 +636,7 @@ export function fmtInZone(ms: number, tz: string): string {
 
 /** A stored trigger in words; one that no longer compiles says so (its task is shown, not refused). */
 function describeTrigger(spec: unknown): string {
-  try { return compileTrigger(spec as TriggerSpec).describe(); } catch (e) { return `cannot be read: ${(e as Error).message}`; }
+  try { const o = describeOptions(scheduleOptionsOf(spec)); return compileTrigger(spec as TriggerSpec).describe() + (o ? `; ${o}` : ""); } catch (e) { return `cannot be read: ${(e as Error).message}`; }
 }
 
 export function publicTask(t: TaskRow) {
@@ -641,7 +657,7 @@ export function publicRun(r: RunRow) {
     id: r.id, taskId: r.taskId, task: r.taskName, source: r.source, state: r.state, dueAt: iso(r.dueMs), firedAt: iso(r.firedMs),
     startedAt: iso(r.startedMs), finishedAt: iso(r.finishedMs), node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt,
     executor: r.executor, executorInstance: r.executorInstance, error: r.error, causedBy: r.causedBy, upstreamRuns: r.upstreamRuns,
-    lateOutcome: r.lateOutcome, dueReason: r.dueReason, result: r.result ?? null,
+    lateOutcome: r.lateOutcome, dueReason: r.dueReason, result: r.result ?? null, slotAt: iso(r.slotMs),
   };
 }
 

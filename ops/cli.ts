@@ -208,12 +208,18 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     .addOption(new Option("--misfire <policy>", "after downtime: one catch-up, none, or every missed slot (bounded)").choices(["once", "skip", "all"]).default("once"))
     .addOption(new Option("--overlap <policy>", "a slot due while the previous run is in flight").choices(["forbid", "allow"]).default("forbid"))
     .option("--payload <json>", "JSON given to the executor (or @file.json)").option("--json", "print the task as JSON")
-    .addHelpText("after", "\nExactly one of --cron, --every, --fixed-delay, --at, --delay (or only --after).\nExamples:\n  ax task create report --executor reports --cron '0 2 * * *' --tz Asia/Shanghai --retries 3\n  ax task create push --executor push --after report\n")
+    .option("--jitter <dur>", "delay each slot's run by 0..DUR, fixed per task and slot (a replay gets the same delay); shorter than the trigger's interval")
+    .option("--start <iso>", "fire no slot before this time (ISO-8601 with offset)").option("--end <iso>", "fire no slot after this time; the task completes then")
+    .option("--max-runs <n>", "the task completes after N fired slots (catch-ups count; retries, manual and backfill runs do not)")
+    .option("--exclude-calendar <name>", "skip slots on the dates of this calendar (ax calendar create), recorded as skipped with the reason excluded")
+    .addHelpText("after", "\nExactly one of --cron, --every, --fixed-delay, --at, --delay (or only --after).\nExamples:\n  ax task create report --executor reports --cron '0 2 * * *' --tz Asia/Shanghai --retries 3\n  ax task create push --executor push --after report\n" +
+      "  ax task create sync --executor etl --cron '0 * * * *' --jitter 5m --start 2026-12-01T00:00:00Z --end 2027-01-01T00:00:00Z\n" +
+      "  ax task create close --executor books --cron '0 18 * * 1-5' --tz Europe/Paris --exclude-calendar fr-holidays --max-runs 20\n")
     .action(async (name: string, o: Record<string, unknown>) => {
       const payload = parseJsonFlag("payload", o.payload as string | undefined);
       const tzGiven = process.argv.includes("--tz");
       const args: Record<string, unknown> = { name, executor: o.executor, timeout: o.timeout, retries: o.retries, backoff: o.backoff, misfire: o.misfire, overlap: o.overlap, after: o.after };
-      for (const k of ["cron", "every", "fixedDelay", "at", "delay", "dstGap", "dstRepeat"]) if (o[k] !== undefined) args[k] = o[k];
+      for (const k of ["cron", "every", "fixedDelay", "at", "delay", "dstGap", "dstRepeat", "jitter", "start", "end", "maxRuns", "excludeCalendar"]) if (o[k] !== undefined) args[k] = o[k];
       if (o.cron !== undefined || tzGiven) args.tz = o.tz;
       if (payload !== undefined) args.payload = payload;
       const t = await withClient((c) => c.call<{ id: number; name: string; nextDueAt: string | null; triggers: Array<{ description: string }> }>("task.create", args));
@@ -255,6 +261,18 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     });
   }
   registerEditCommands(program, task, { withClient, print, out, parseJson: parseJsonFlag });
+  task.command("backfill <task>").description("run the task's slots in a past window (source=backfill): each slot once, however often this is run")
+    .requiredOption("--from <iso>", "first instant of the window (ISO-8601 with offset)").requiredOption("--to <iso>", "last instant of the window (not in the future)")
+    .option("--dry-run", "only list the slots: new, already backfilled, or excluded by the task's calendar").option("--rate <r>", "at most R runs a second", "10").option("--json")
+    .addHelpText("after", "\nThe runs are sent in the background by the node that answers; a run still in flight (overlap=forbid) or a full executor\n" +
+      "makes it wait. Slots already backfilled are never run again: run the same command to resume an interrupted backfill.\n" +
+      "Examples:\n  ax task backfill report --from 2026-11-01T00:00:00Z --to 2026-11-30T23:59:59Z --dry-run\n  ax task backfill report --from 2026-11-01T00:00:00Z --to 2026-11-30T23:59:59Z --rate 2\n")
+    .action(async (ref: string, o: { from: string; to: string; dryRun?: boolean; rate: string; json?: boolean }) => {
+      type Bf = { task: string; slots: number; toRun: number; alreadyBackfilled: number; excluded: number; rate: number; job: string | null; list?: Array<{ slot: string; status: string; reason?: string }> };
+      const r = await withClient((c) => c.call<Bf>("task.backfill", { task: ref, from: o.from, to: o.to, dryRun: !!o.dryRun, rate: o.rate }));
+      print(o.json, r, () => [`${r.slots} slot(s) of ${r.task} in the window: ${r.toRun} to run, ${r.alreadyBackfilled} already backfilled, ${r.excluded} excluded`,
+        ...(r.list ? r.list.map((x) => `  ${x.slot}  ${x.status}${x.reason ? `  (${x.reason})` : ""}`) : [r.job ? `backfilling ${r.toRun} run(s) at up to ${r.rate}/s (job ${r.job}); ax runs ${r.task} to follow` : "nothing to do"])].join("\n"));
+    });
   const deps = task.command("deps").description("dependency edges: TASK runs after UPSTREAM");
   for (const op of ["add", "rm"] as const) {
     deps.command(`${op} <task> <upstream>`).option("--json").action(async (ref: string, up: string, o: { json?: boolean }) => {
@@ -279,6 +297,58 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       return lines.join("\n");
     });
   });
+
+  // ---- calendars -------------------------------------------------------------------------------------
+  const calendar = program.command("calendar").description("named calendars of excluded dates (task option --exclude-calendar)");
+  calendar.command("create <name>").description("create a calendar (or change one with --replace: the change applies to the slots decided after it)")
+    .requiredOption("--dates <list>", "dates YYYY-MM-DD, comma-separated (or @file, one or more a line)")
+    .option("--tz <zone>", "read slots' dates in this zone (default: each task's own zone)").option("--replace", "replace the calendar if it exists").option("--json")
+    .addHelpText("after", "\nExamples:\n  ax calendar create holidays --dates 2026-12-25,2026-12-26,2027-01-01\n  ax calendar create fr-holidays --dates @fr.txt --tz Europe/Paris --replace\n")
+    .action(async (name: string, o: { dates: string; tz?: string; replace?: boolean; json?: boolean }) => {
+      const dates = o.dates.startsWith("@") ? readFileSync(o.dates.slice(1), "utf8").split(/[\s,]+/).filter(Boolean).join(",") : o.dates;
+      const r = await withClient((c) => c.call<{ name: string; dates: string[]; tz: string | null; replaced: boolean }>("calendar.create", { name, dates, ...(o.tz ? { tz: o.tz } : {}), replace: !!o.replace }));
+      print(o.json, r, () => `${r.replaced ? "replaced" : "created"} calendar ${r.name}: ${r.dates.length} date(s)${r.tz ? ` in ${r.tz}` : " (each task's zone)"}`);
+    });
+  calendar.command("ls").description("list calendars").option("--json").action(async (o: { json?: boolean }) => {
+    const rs = await withClient((c) => c.call<Array<Record<string, unknown>>>("calendar.ls"));
+    print(o.json, rs, () => table(rs, ["name", "tz", "dates", "updatedAt"]));
+  });
+  calendar.command("show <name>").description("a calendar's dates").option("--json").action(async (name: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call<{ name: string; tz: string | null; dates: string[]; updatedAt: string }>("calendar.show", { name }));
+    print(o.json, r, () => `calendar ${r.name}${r.tz ? ` (${r.tz})` : " (each task's zone)"}, updated ${r.updatedAt}:\n${r.dates.map((d) => `  ${d}`).join("\n") || "  (no dates)"}`);
+  });
+  calendar.command("rm <name>").description("remove a calendar no task uses").option("--json").action(async (name: string, o: { json?: boolean }) => {
+    const r = await withClient((c) => c.call("calendar.rm", { name }));
+    print(o.json, r, () => `removed calendar ${name}`);
+  });
+
+  // ---- forecast --------------------------------------------------------------------------------------
+  program.command("forecast").description("runs the schedules will fire in a window, per minute or hour, and the peak; or, with --down-from/--down-to, what an outage would catch up")
+    .option("--from <iso>", "start of the window (default now)").option("--to <iso>", "end of the window (default from + 1h; at most 31 days)")
+    .option("--executor <e>", "only this executor's tasks").addOption(new Option("--per <unit>", "bucket size").choices(["minute", "hour"]).default("minute"))
+    .option("--down-from <iso>", "what-if: the cluster is down from this time").option("--down-to <iso>", "what-if: ... until this time")
+    .option("--top <n>", "print the N busiest buckets instead of all", "0").option("--json")
+    .addHelpText("after", "\nFixed-delay and dependency-only tasks have no slots of their own and are listed as not forecast; paused tasks are left out.\n" +
+      "Examples:\n  ax forecast --from 2026-12-24T00:00:00Z --to 2026-12-25T00:00:00Z --per hour\n  ax forecast --executor etl --to 2026-12-04T00:00:00Z\n" +
+      "  ax forecast --down-from 2026-12-24T22:00:00Z --down-to 2026-12-25T02:00:00Z\n")
+    .action(async (o: { from?: string; to?: string; executor?: string; per: string; downFrom?: string; downTo?: string; top: string; json?: boolean }) => {
+      const args: Record<string, unknown> = { per: o.per };
+      for (const k of ["from", "to", "executor", "downFrom", "downTo"] as const) if (o[k] !== undefined) args[k] = o[k];
+      type Fc = { from?: string; to?: string; per?: string; total?: number; tasks: number | Array<Record<string, unknown>>; peak?: { at: string; fires: number } | null; buckets?: Array<{ at: string; fires: number }>;
+        downFrom?: string; downTo?: string; missed?: number; catchUpRuns?: number; tasksCatchingUp?: number; notForecastCount: number; notForecast: Array<{ task: string; why: string }> };
+      const r = await withClient((c) => c.call<Fc>("forecast", args, 120_000));
+      const top = Number(o.top);
+      print(o.json, r, () => {
+        const tail = r.notForecastCount ? [`not forecast: ${r.notForecastCount} task(s), e.g. ${r.notForecast.slice(0, 5).map((x) => `${x.task} (${x.why})`).join("; ")}`] : [];
+        if (r.downFrom) {
+          return [`down from ${r.downFrom} to ${r.downTo}: ${r.missed} slot(s) missed; ${r.tasksCatchingUp} task(s) would catch up with ${r.catchUpRuns} run(s) at ${r.downTo}, under their misfire policies`,
+            table(r.tasks as Array<Record<string, unknown>>, ["task", "executor", "misfire", "missed", "catchUpRuns", "excluded", "firstSlot", "lastSlot"]), ...tail].join("\n");
+        }
+        const bs = top > 0 ? [...r.buckets!].sort((x, y) => y.fires - x.fires).slice(0, top) : r.buckets!;
+        return [`${r.total} run(s) from ${r.from} to ${r.to} (${r.tasks as number} task(s)); peak ${r.peak ? `${r.peak.fires} per ${r.per} at ${r.peak.at}` : "—"}`,
+          table(bs.map((b) => ({ ...b, bar: "#".repeat(Math.max(1, Math.round((b.fires / (r.peak?.fires || 1)) * 40))) })), ["at", "fires", "bar"]), ...tail].join("\n");
+      });
+    });
 
   // ---- runs ---------------------------------------------------------------------------------------
   program.command("run <task> [run]").description("run a task now (source=manual); refused while it is running unless overlap=allow. `ax run cancel RUN`: cancel a running run")

@@ -10,6 +10,7 @@ export function explainRun(run: RunRow, task: TaskRow | null, cause: RunRow | nu
     case "manual": s.push(`Run ${run.id} of task ${name} was started by hand (ax run) at ${iso(run.firedMs)}${run.dueReason?.includes("force") ? " with --force" : ""}.`); break;
     case "dependency": s.push(`Run ${run.id} of task ${name} became due at ${iso(run.dueMs)} because its upstreams succeeded: ${run.dueReason ?? ""}.`); break;
     case "retry": s.push(`Run ${run.id} of task ${name} is attempt ${run.attempt}, a retry due at ${iso(run.dueMs)}: ${run.dueReason ?? ""}.`); break;
+    case "backfill": s.push(`Run ${run.id} of task ${name} is a backfill run for the past slot ${iso(run.slotMs)}, started at ${iso(run.dueMs)}: ${run.dueReason ?? ""}.`); break;
     case "misfire": s.push(`Run ${run.id} of task ${name} was a catch-up run due at ${iso(run.dueMs)}: ${run.dueReason ?? ""}.`); break;
     default: s.push(`Run ${run.id} of task ${name} was due at ${iso(run.dueMs)} (slot ${iso(run.slotMs)}): ${run.dueReason ?? run.source}.`);
   }

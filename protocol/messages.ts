@@ -18,7 +18,7 @@ const stripNul = (s: string) => (s.includes("\u0000") ? s.replaceAll("\u0000", "
 const text = (max: number) => z.string().transform((s) => stripNul(s).slice(0, max));
 const ms = z.number().int().nonnegative();
 
-export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire"]);
+export const RunSourceSchema = z.enum(["cron", "rate", "delay", "once", "manual", "dependency", "retry", "misfire", "backfill"]);
 
 /** One run handed to an executor. */
 export const DispatchRunSchema = z.object({

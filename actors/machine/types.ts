@@ -22,7 +22,7 @@ export const TASK_STATES: readonly TaskState[] = [
   "upstream_failed",
 ];
 
-export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire";
+export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire" | "backfill";
 
 export type OverlapPolicy = "forbid" | "allow";
 

@@ -1,5 +1,7 @@
 import { AxError } from "../../common/index.ts";
-import { compileTrigger, planAfter, type CompiledTrigger, type TriggerSpec } from "../triggers/index.ts";
+import {
+  compileTrigger, planAfter, planNowOf, runsKey, runsTaken, scheduleEnded, scheduleOptionsOf, shapePointer, windowed, type CompiledTrigger, type TriggerSpec,
+} from "../triggers/index.ts";
 import type { RunSource, TaskRow, TriggerRow } from "../store/index.ts";
 
 /**
@@ -97,7 +99,7 @@ const MAX_STEPS_TO_NOW = 100_000;
  * a spec that no longer compiles) makes it throw TriggerStuckError naming the task and the
  * trigger. `compile` replaces compiledOf (tests inject broken triggers with it).
  */
-export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs"> & { id?: number }, nowMs: number,
+export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs"> & { id?: number; name?: string }, nowMs: number,
   opts: { completedMs?: number; graceMs?: number; compile?: (tr: TriggerRow) => CompiledTrigger } = {}): Pointer | null {
   let best: Pointer | null = null;
   const taskId = task.id ?? null;
@@ -105,7 +107,12 @@ export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "m
     if (!tr.enabled) continue;
     let p: Pointer | null;
     try {
-      p = triggerPointer(task, tr, advancing((opts.compile ?? compiledOf)(tr), taskId, tr), nowMs, opts);
+      // Jitter, window, max runs (docs/TRIGGERS.md): the trigger seen through its options.
+      const o = scheduleOptionsOf(tr.spec);
+      if (o?.maxRuns !== undefined && runsTaken(task.triggerSlots, tr.id) >= o.maxRuns) continue;
+      const t = (opts.compile ?? compiledOf)(tr);
+      p = triggerPointer(task, tr, advancing(o ? windowed(t, o) : t, taskId, tr), o ? planNowOf(o, nowMs, opts.graceMs ?? 1000) : nowMs, opts);
+      if (p && o) p = shapePointer(p, o, task.name ?? String(taskId), nowMs);
     } catch (e) {
       if (e instanceof TriggerStuckError) throw e;
       throw new TriggerStuckError({ taskId, triggerId: tr.id, spec: tr.spec, afterMs: null, cause: e });
@@ -153,6 +160,38 @@ function triggerPointer(task: Pick<TaskRow, "triggerSlots" | "misfire" | "create
     }
   }
   return p;
+}
+
+/**
+ * Why a task has no next slot because of its options (--max-runs reached, --end passed), for its
+ * next reason; null when that is not why.
+ */
+export function endedReason(task: Pick<TaskRow, "triggers" | "triggerSlots">, nowMs: number): string | null {
+  for (const tr of task.triggers) {
+    const o = tr.enabled ? scheduleOptionsOf(tr.spec) : null;
+    if (!o) continue;
+    const why = scheduleEnded(o, task.triggerSlots, tr.id, nowMs);
+    if (why) return why;
+    if (o.endMs !== undefined && tr.kind !== "fixed_delay") {
+      // The end is ahead, but the trigger has no slot left before it.
+      let n: number | null = null;
+      try { n = windowed(compiledOf(tr), o).next(Math.max(task.triggerSlots[String(tr.id)] ?? nowMs, nowMs)); } catch { continue; }
+      if (n === null || n > o.endMs) return `completed: no slot left before its window ends at ${new Date(o.endMs).toISOString()} (--end)`;
+    }
+  }
+  return null;
+}
+
+/**
+ * The trigger-slot map after a scheduled slot of trigger `triggerId` was taken (fired, or refused
+ * and retried): the count --max-runs reads goes up by one. Unchanged (the same object) when the
+ * trigger has no run limit, so ordinary tasks write nothing more.
+ */
+export function countTaken(task: Pick<TaskRow, "triggers" | "triggerSlots">, triggerId: number | null): Record<string, number> {
+  const tr = triggerId === null ? undefined : task.triggers.find((t) => t.id === triggerId);
+  if (!tr || scheduleOptionsOf(tr.spec)?.maxRuns === undefined) return task.triggerSlots;
+  const key = runsKey(tr.id);
+  return { ...task.triggerSlots, [key]: (task.triggerSlots[key] ?? 0) + 1 };
 }
 
 /** Exponential backoff from `baseMs`, capped, with equal jitter (half fixed, half random). */

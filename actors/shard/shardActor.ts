@@ -12,9 +12,10 @@ import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Sto
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
 import { publishDispatch, replayParts, type Persister, type ShardDispatchRun } from "../persister.ts";
-import { backoffMs, compiledOf, nextPointer, type Pointer } from "./schedule.ts";
+import { backoffMs, compiledOf, countTaken, endedReason, nextPointer, type Pointer } from "./schedule.ts";
+import { CalendarCache } from "./calendars.ts";
 import { applyDefinitionChange, type DefinitionChange } from "./update.ts";
-import { LedgerStore } from "../store/index.ts";
+import { LedgerStore, loadCalendars } from "../store/index.ts";
 import * as ledger from "./ledger.ts";
 
 export interface ShardActorDeps {
@@ -75,7 +76,9 @@ export type ShardCommand =
   | { type: "resume"; taskId: number }
   | { type: "cancel"; taskId: number }
   /** `ax task update`: applied between fires (see onUpdate). */
-  | { type: "update"; taskId: number; change: DefinitionChange };
+  | { type: "update"; taskId: number; change: DefinitionChange }
+  /** Fire one backfill run for a past slot (ax task backfill); its run id is derived from (task, slot), so a slot fires once. */
+  | { type: "backfill"; taskId: number; triggerId: number | null; slotMs: number; reason: string };
 
 export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
 
@@ -196,11 +199,13 @@ export class ShardActor implements EventSink {
   private prevOwner: { owner: string | null; epoch: number | null; sinceMs: number | null } = { owner: null, epoch: null, sinceMs: null };
   /** Timeouts wait until the events published before them are read (see EventCatchUp). */
   private readonly catchUp: EventCatchUp;
+  private readonly calendars: CalendarCache;
   private readonly timeoutCheckedFrom = new Map<string, number>();
   private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
+    this.calendars = new CalendarCache((names) => loadCalendars(deps.store.pool, names), deps.clock);
     this.shard = shard;
     this.epoch = epoch;
     this.d = deps;
@@ -382,6 +387,8 @@ export class ShardActor implements EventSink {
     }
     const missing = [...need].filter((id) => !this.live.has(id));
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+    // Calendars of excluded dates named by the tasks coming due (none: no query).
+    await this.calendars.ensure([...need].map((id) => this.live.get(id)?.row));
 
     for (const m of batch) {
       switch (m.t) {
@@ -414,7 +421,8 @@ export class ShardActor implements EventSink {
           await this.onDependencyTrigger(round, m.trig, m.msg, now);
           break;
         case "cmd":
-          this.onCommand(round, m.cmd, m.reply, now, canFire);
+          if (m.cmd.type === "backfill") await this.onBackfill(round, m.cmd, m.reply, now, canFire);
+          else this.onCommand(round, m.cmd, m.reply, now, canFire);
           break;
         case "refilled":
           this.onRefilled(round, m.items);
@@ -490,7 +498,7 @@ export class ShardActor implements EventSink {
     row.nextSlotMs = p?.slotMs ?? null;
     row.nextTriggerId = p?.triggerId ?? null;
     row.nextSource = p?.source ?? null;
-    row.nextReason = p?.reason ?? (lt.stuck ? `not scheduled: ${lt.stuck}` : null);
+    row.nextReason = p?.reason ?? (lt.stuck ? `not scheduled: ${lt.stuck}` : endedReason(row, this.d.clock.now()));
     row.nextCausedBy = p?.causedBy ?? null;
     this.unschedule(round, row.id);
     if (p) this.schedule(round, row.id, p.dueMs);
@@ -587,17 +595,27 @@ export class ShardActor implements EventSink {
     return next === null || next > now;
   }
 
-  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string }): void {
+  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string; backfill?: (r: CommandReply) => void }): void {
     const row = lt.row;
     const runId = opts.runId ?? newRunId(now);
     const source: RunSource = opts.manual ? "manual" : p.source;
     // Decided ahead of its due time: dispatched (released) at the due time, recorded as fired then.
     const releaseAt = opts.manual ? now : Math.max(now, p.dueMs);
-    const advanceSchedule = !opts.manual && source !== "dependency";
+    const advanceSchedule = !opts.manual && source !== "dependency" && source !== "backfill";
+    const excluded = advanceSchedule && source !== "retry" ? this.calendars.exclusion(row, p.triggerId, p.slotMs) : null;
+    if (excluded) {
+      // A slot on a date of the task's calendar: not fired, recorded (like an overlap skip) with the reason.
+      this.stats.skipped++;
+      round.write.runInserts.push({ id: runId, taskId: row.id, taskName: row.name, triggerId: p.triggerId, source, dueMs: p.dueMs, slotMs: p.slotMs, dueReason: p.reason,
+        firedMs: null, node: this.d.nodeId, shard: this.shard, epoch: this.epoch, attempt: 0, executor: row.executor, state: "skipped", error: excluded,
+        causedBy: p.causedBy, upstreamRuns: null, createdMs: now, finishedMs: now });
+      this.advanceAfterFire(round, lt, p, now);
+      return;
+    }
     // A scheduled run (or retry, or catch-up) whose executor is full waits for a place, in due
     // order, instead of being refused: see InFlightLimiter. Manual runs and dependency triggers
     // keep their own answers (refused to the caller; the trigger comes back).
-    const waits = !opts.manual && source !== "dependency";
+    const waits = !opts.manual && source !== "dependency" && source !== "backfill";
     let placed = false;
     let waited = false;
     if (waits) {
@@ -618,6 +636,10 @@ export class ShardActor implements EventSink {
       executor: row.executor, state: "running", error: null, causedBy: p.causedBy, upstreamRuns: opts.upstreamRuns ?? null, createdMs: now,
     };
     if (!res.ok) {
+      if (opts.backfill) {
+        opts.backfill({ ok: false, error: new AxError(res.code === "AX_E_TASK_RUNNING" ? "AX_E_TASK_RUNNING" : "AX_E_CONFLICT", res.reason, { field: "task", value: row.name }).toJSON() });
+        return;
+      }
       if (opts.manual) {
         const e = res.code === "AX_E_TASK_RUNNING"
           ? new AxError("AX_E_TASK_RUNNING", `task is running (run ${res.runningRunId})`, { field: "task", value: { task: row.name, runId: res.runningRunId } })
@@ -648,13 +670,15 @@ export class ShardActor implements EventSink {
       const why = `refused: executor ${row.executor} has ${this.d.limiter.inFlight(row.executor)} runs in flight (limit ${this.d.limiter.limitOf(row.executor)}); retry in ${delay}ms`;
       round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
       this.ledgerSlot(round, lt, p, source, { outcome: "refused", runId, executor: row.executor, inFlight: this.d.limiter.inFlight(row.executor), limit: this.d.limiter.limitOf(row.executor), retryInMs: delay }, now);
-      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...row.triggerSlots, [String(p.triggerId)]: p.slotMs };
+      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId)), [String(p.triggerId)]: p.slotMs };
       this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
       opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
       return;
     }
     this.stats.fired++;
     round.write.runInserts.push(base);
+    if (advanceSchedule && p.source !== "retry") row.triggerSlots = countTaken(row, p.triggerId); // --max-runs
+    if (opts.backfill) { const reply = opts.backfill; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, runId) };
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
     if (!opts.manual && releaseAt > now) run.held = p;
@@ -855,6 +879,30 @@ export class ShardActor implements EventSink {
     this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId });
     if (this.stats.fired > before || !this.inFlight.has(runId) && round.write.runInserts.some((r) => r.id === runId)) round.acks.push(msg);
     else round.naks.push(msg); // running (overlap=forbid): try again shortly
+  }
+
+  /**
+   * One backfill run for a past slot (ax task backfill). Its id is derived from (task, slot): a
+   * slot already backfilled — in PostgreSQL, in flight or in this round — is answered with its
+   * run and not fired again. An executor at its in-flight limit, or a task whose run is in
+   * flight (overlap=forbid), is answered with an error and the caller tries again later.
+   */
+  private async onBackfill(round: Round, cmd: Extract<ShardCommand, { type: "backfill" }>, reply: (r: CommandReply) => void, now: number, canFire: boolean): Promise<void> {
+    const lt = this.live.get(cmd.taskId);
+    const fail = (e: AxError) => reply({ ok: false, error: e.toJSON() });
+    if (!lt) { fail(new AxError("AX_E_NOT_FOUND", `no task ${cmd.taskId} on shard ${this.shard}`, { field: "task", value: cmd.taskId })); return; }
+    if (!canFire) { fail(new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is handing over; retry`)); return; }
+    const runId = derivedRunId("rb", `${cmd.taskId}:${cmd.slotMs}`);
+    if (this.inFlight.has(runId) || round.write.runInserts.some((r) => r.id === runId) || (await this.d.store.getRuns([runId])).length) {
+      reply({ ok: true, value: { runId, existed: true } });
+      return;
+    }
+    const ex = lt.row.executor;
+    if (this.d.limiter.inFlight(ex) >= this.d.limiter.limitOf(ex)) {
+      fail(new AxError("AX_E_UNAVAILABLE", `executor ${ex} is at its in-flight limit (${this.d.limiter.limitOf(ex)}); retry`, { field: "executor", value: ex }));
+      return;
+    }
+    this.fire(round, lt, { dueMs: now, slotMs: cmd.slotMs, triggerId: cmd.triggerId, source: "backfill", causedBy: null, reason: cmd.reason }, now, { runId, backfill: reply });
   }
 
   private onCommand(round: Round, cmd: ShardCommand, reply: (r: CommandReply) => void, now: number, canFire: boolean): void {

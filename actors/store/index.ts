@@ -9,3 +9,4 @@ export type {
   MisfirePolicy, OverlapPolicy, RunSource, RunState,
 } from "./types.ts";
 export { LedgerStore, type LedgerInsert, type LedgerRow, type NonRunReason } from "./ledgerStore.ts";
+export { putCalendar, listCalendars, loadCalendars, removeCalendar, tasksUsingCalendar, backfilledSlots, type CalendarRow } from "./calendars.ts";

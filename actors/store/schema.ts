@@ -263,6 +263,27 @@ create index task_history_task on task_history (task_id, id);
 `,
   },
   {
+    version: 12,
+    name: "calendars of excluded dates; backfill runs",
+    // Calendars are read by the shards when a task that names one comes due (a change applies
+    // to the slots decided after it). Backfill runs are found by (task, slot): a slot is not
+    // backfilled twice. The source check is replaced NOT VALID: existing rows are not rescanned
+    // (every one of them satisfies the narrower old check).
+    sql: `
+create table calendars (
+  name text primary key,
+  tz text,
+  dates jsonb not null,
+  created_ms bigint not null,
+  updated_ms bigint not null
+);
+alter table runs drop constraint if exists runs_source_check;
+alter table runs add constraint runs_source_check
+  check (source in ('cron','rate','delay','once','manual','dependency','retry','misfire','backfill')) not valid;
+create index runs_backfill_slot on runs (task_id, slot_ms) where source = 'backfill';
+`,
+  },
+  {
     version: 13,
     name: "ledger of non-runs; a shard's previous owner",
     // Every slot is a run or a recorded non-run (actors/shard/ledger.ts); runs of consecutive

@@ -2,7 +2,7 @@ import type { LedgerInsert } from "./ledgerStore.ts";
 /** Row shapes as the engine sees them (bigint columns parsed to numbers: ids and epoch ms fit in 2^53). */
 export type MisfirePolicy = "once" | "skip" | "all";
 export type OverlapPolicy = "forbid" | "allow";
-export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire";
+export type RunSource = "cron" | "rate" | "delay" | "once" | "manual" | "dependency" | "retry" | "misfire" | "backfill";
 export type RunState = "running" | "success" | "failed" | "timed_out" | "refused" | "skipped" | "stale";
 
 export interface TriggerRow { id: number; kind: "cron" | "fixed_rate" | "fixed_delay" | "once"; spec: unknown; enabled: boolean }
