@@ -22,6 +22,8 @@ export class InFlightLimiter {
     const n = (this.counts.get(executor) ?? 0) - 1;
     if (n <= 0) this.counts.delete(executor); else this.counts.set(executor, n);
   }
+  /** Runs in flight per executor (executors with none are left out). */
+  byExecutor(): Map<string, number> { return new Map(this.counts); }
   inFlight(executor?: string): number {
     if (executor !== undefined) return this.counts.get(executor) ?? 0;
     let t = 0; for (const v of this.counts.values()) t += v; return t;

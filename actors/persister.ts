@@ -23,7 +23,7 @@ export interface PersisterDeps {
    */
   mayRelease: (shard: number) => "yes" | "wait" | "never";
   /** Told of each published run and when (lateness metrics). */
-  onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number) => void;
+  onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number, executor: string) => void;
   /** Batches in flight at once (each one transaction on its own connection). */
   lanes?: number;
 }
@@ -218,7 +218,7 @@ export class Persister {
     this.stats.messages++;
     const at = this.d.clock.now();
     return publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs).then(
-      () => this.d.onReleased?.(runs, at),
+      () => this.d.onReleased?.(runs, at, m.executor),
       (e) => {
         this.stats.publishFailures++;
         this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed; its runs time out and retry");
