@@ -42,7 +42,7 @@ beforeAll(async () => {
   await tc.waitForShards();
   base = node.httpAddress!;
   nc = await connectNats(tc.config.nats);
-  nc.subscribe(`${tc.ns}.alerts.>`, { callback: (_e, m) => onNats.push(m.json()) });
+  nc.subscribe(`${tc.ns}.alerts.>`, { callback: (_e, m) => { onNats.push(m.json()); } });
   await nc.flush();
   const fails = await tc.startExecutor("alx-fail", () => { throw new Error("boom"); });
   const slow = await tc.startExecutor("alx-slow", () => new Promise((r) => setTimeout(r, 2500)));
