@@ -10,7 +10,7 @@ import { parseTrigger, compileTrigger, previewMarks, type TriggerSpec } from "..
 import { hash32, type ShardSupervisor } from "../cluster/index.ts";
 import { explainRun } from "./why.ts";
 import { AuditLog, isWriteOp } from "./audit.ts";
-import { attemptsOf, failures, parseTags, searchTasks, tagTask, taskTags, type BrowseDeps } from "./browse.ts";
+import { attemptsOf, failures, inFlightByExecutor, parseTags, searchTasks, tagTask, taskTags, type BrowseDeps } from "./browse.ts";
 import { alertsOp } from "./alerts.ts";
 import { z } from "zod";
 
@@ -286,6 +286,7 @@ export class Api {
       case "task.search": return searchTasks(this.browse, args);
       case "task.tag": return tagTask(this.browse, await this.task(args), args);
       case "failures": return failures(this.browse, args);
+      case "executors.inflight": return inFlightByExecutor(this.browse);
       case "run.show": return this.showRun(args);
       case "alerts.set": case "alerts.ls": case "alerts.rm": return alertsOp(this.d.store.pool, op, args, this.d.clock.now());
       case "task.preview": return this.previewTask(args);

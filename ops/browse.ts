@@ -120,3 +120,9 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   }
   return chain;
 }
+
+/** `executors.inflight`: runs recorded `running` per executor, cluster-wide (the partial index runs_running serves it). */
+export async function inFlightByExecutor(d: BrowseDeps): Promise<Record<string, number>> {
+  const r = await d.store.pool.query("select executor, count(*)::int as n from runs where state = 'running' group by executor");
+  return Object.fromEntries(r.rows.map((x) => [x.executor as string, x.n as number]));
+}

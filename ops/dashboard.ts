@@ -247,8 +247,8 @@ views.failures = function (p, first) {
 
 views.cluster = function (p, first) {
   if (first) $("view").innerHTML = "<h1>Cluster</h1><h2>Nodes</h2><div id=\"nodes\"></div><h2>Executors</h2><div id=\"execs\"></div><h2>Shards</h2><div id=\"shards\"></div>";
-  return Promise.all([api("status"), api("shards.ls")]).then(function (r) {
-    var s = r[0], shards = r[1], nodeIds = s.nodes.map(function (n) { return n.id; });
+  return Promise.all([api("status"), api("shards.ls"), api("executors.inflight")]).then(function (r) {
+    var s = r[0], shards = r[1], inflight = r[2], nodeIds = s.nodes.map(function (n) { return n.id; });
     $("nodes").innerHTML = table(["node", "shards", "fires/s", "in flight", "lag", "failing", ""], s.nodes.map(function (n) {
       var drained = s.drained.indexOf(n.id) >= 0, failing = Object.keys(n.failing || {});
       return "<tr>" + td("node", esc(n.id) + (drained ? ' <span class="badge warn">drained</span>' : "")) + td("shards", num(n.shards.length, 0)) + td("fires/s", num(n.load.firedPerSec)) + td("in flight", num(n.load.inFlight, 0)) +
@@ -259,7 +259,7 @@ views.cluster = function (p, first) {
       var stale = e.lastSeenMs == null || Date.now() - e.lastSeenMs > 120000;
       return "<tr>" + td("executor", esc(e.name)) + td("kind", esc(e.kind)) + td("max in flight", num(e.maxInFlight, 0)) +
         td("last seen", '<span class="' + (stale ? "warn" : "ok") + '" title="' + esc(e.lastSeenMs ? new Date(e.lastSeenMs).toISOString() + " UTC" : "") + '">' + esc(ago(e.lastSeenMs)) + "</span>") +
-        td("in flight", e.inFlight != null ? num(e.inFlight, 0) : "—") + "</tr>";
+        td("in flight", num(inflight[e.name] || 0, 0)) + "</tr>";
     }));
     $("shards").innerHTML = table(["shard", "owner", "epoch", "tasks", "lag", "pinned to", "move to"], shards.map(function (x) {
       return "<tr>" + td("shard", esc(x.shard)) + td("owner", x.owner ? esc(x.owner) : '<span class="bad">none</span>') + td("epoch", esc(x.epoch)) + td("tasks", num(x.tasks, 0)) +

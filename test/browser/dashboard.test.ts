@@ -180,6 +180,10 @@ describe("dashboard in Chromium", () => {
     expect(await page.locator("#shards tbody tr").count()).toBe(tc.config.shardCount);
     expect(await page.locator("#shards tbody tr").first().locator("td").nth(1).textContent()).toBe("d1");
     expect((await page.locator("#execs tbody tr td:first-child").allTextContents()).sort()).toEqual(["bad", "web"]);
+    // In flight, from executors.inflight: web has nothing running; bad may have the retry's second attempt.
+    const inflight = await page.locator("#execs tbody tr td:nth-child(5)").allTextContents();
+    expect(inflight[0]).toMatch(/^[01]$/);
+    expect(inflight[1]).toBe("0");
     await page.click('[data-move="0"]');
     await waitFor(async () => (await api("shards/ls")).find((s: { shard: number }) => s.shard === 0).pinnedTo === "d1", 10_000, "shard 0 pinned");
     await page.screenshot({ path: `${SHOTS}/cluster.png` });
