@@ -63,7 +63,8 @@ export class InFlightLimiter {
     if (n <= 0) this.counts.delete(executor); else this.counts.set(executor, n);
     this.pump(executor);
   }
-
+  /** Runs in flight per executor (executors with none are left out). */
+  byExecutor(): Map<string, number> { return new Map(this.counts); }
   inFlight(executor?: string): number {
     if (executor !== undefined) return this.counts.get(executor) ?? 0;
     let t = 0; for (const v of this.counts.values()) t += v; return t;

@@ -23,7 +23,7 @@ export interface PersisterDeps {
    */
   mayRelease: (shard: number) => "yes" | "wait" | "never";
   /** Told of each published run and when (lateness metrics). */
-  onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number) => void;
+  onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number, executor: string) => void;
   /** Batches in flight at once (each one transaction on its own connection). */
   lanes?: number;
 }
@@ -235,7 +235,7 @@ export class Persister {
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
       { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
-      () => this.d.onReleased?.(runs, at),
+      () => this.d.onReleased?.(runs, at, m.executor),
       (e) => {
         this.stats.publishFailures++;
         this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed and a shard of it is no longer held here; its runs time out (or are re-published by the next owner)");

@@ -34,6 +34,8 @@ export class LeaseTable {
     private readonly ttlMs: number,
     private readonly clock: Clock,
     private readonly log: Logger,
+    /** Told of each renewal's result (metrics). */
+    private readonly onRenewal?: (result: "ok" | "refused" | "unanswered") => void,
   ) {}
 
   static key(shard: number): string { return `s${shard}`; }
@@ -90,16 +92,19 @@ export class LeaseTable {
         // A reply later than this is of no use: the lease would be too old to act on anyway.
         l.revision = await this.kv.update(LeaseTable.key(l.shard), this.nodeId, l.revision, Math.max(250, Math.floor(this.ttlMs / 4)));
         l.renewedMono = sent;
+        this.onRenewal?.("ok");
       } catch (e) {
         if (this.held.get(l.shard) !== l || l.releasing) return;
         if (!(e instanceof JetStreamApiError)) {
           // No answer (timeout, reconnecting): the lease may still be ours; the next renewal
           // tries again, and isValid() stops the shard if none succeeds in time.
           this.log.warn({ shard: l.shard, epoch: l.epoch, err: String(e) }, "lease renewal got no answer; retrying");
+          this.onRenewal?.("unanswered");
           return;
         }
         // Refused by the server (wrong last revision: the key expired or someone else holds it).
         this.log.warn({ shard: l.shard, epoch: l.epoch, err: String(e) }, "lease renewal refused");
+        this.onRenewal?.("refused");
         this.held.delete(l.shard);
         lost.push(l.shard);
       }

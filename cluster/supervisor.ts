@@ -36,6 +36,8 @@ export interface SupervisorOptions {
    * takes a lease and bumps its epoch for nothing.
    */
   failing?: () => Record<string, string>;
+  /** Told of each lease renewal's result and of each lease lost (metrics). */
+  onLease?: (e: "ok" | "refused" | "unanswered" | "lost") => void;
 }
 
 /** Back-off of a shard whose start (or whose rounds) failed: full jitter over base·2ⁿ, capped. */
@@ -104,7 +106,7 @@ export class ShardSupervisor {
   private pinsUnreadable = false;
 
   constructor(private readonly o: SupervisorOptions) {
-    this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log);
+    this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => o.onLease?.(r));
     this.view = new LeaseView(o.kv, o.leaseTtlMs, o.clock, o.log);
     this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs);
     this.startedAt = o.clock.now();
@@ -195,7 +197,7 @@ export class ShardSupervisor {
     this.renewing ??= (async () => {
       try {
         const lost = await this.leases.renewAll();
-        for (const s of lost) this.lose(s, "renewal refused or lease too old");
+        for (const s of lost) { this.o.onLease?.("lost"); this.lose(s, "renewal refused or lease too old"); }
         if (lost.length) this.kick();
       } catch (e) {
         this.o.log.error({ err: String(e) }, "lease renewal failed");

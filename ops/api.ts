@@ -18,6 +18,8 @@ import { RunOps } from "./runOps.ts";
 import { runListFilters, taskListFilters } from "./opsFilters.ts";
 import { checkHttpTasks } from "./httpJob.ts";
 import { SchedulingOps, checkCalendarsExist, specWithOptions } from "./scheduling.ts";
+import { attemptsOf, failures, inFlightByExecutor, parseTags, searchTasks, tagTask, taskTags, type BrowseDeps } from "./browse.ts";
+import { alertsOp } from "./alerts.ts";
 import { z } from "zod";
 
 const NAME_RE = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -232,8 +234,10 @@ export class Api {
   readonly runOps: RunOps;
   /** Calendars, backfill, forecast (ops/scheduling.ts). */
   readonly scheduling: SchedulingOps;
+  private readonly browse: BrowseDeps;
   constructor(private readonly d: ApiDeps) {
     this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit);
+    this.browse = { store: d.store, publicTask, publicRun, nowMs: () => d.clock.now() };
     this.scheduling = new SchedulingOps({ store: d.store, clock: d.clock, shardCommand: (shard, cmd) => this.shardCommand(shard, cmd) });
     this.runOps = new RunOps({ store: d.store, nc: d.nc, names: d.names, clock: d.clock });
     this.editor = new TaskEditor({
@@ -304,6 +308,12 @@ export class Api {
         ...(args.after !== undefined ? { afterId: intIn("after", args.after, 0, Number.MAX_SAFE_INTEGER) } : {}),
       })).map(publicTask);
       case "task.show": return this.showTask(args);
+      case "task.search": return searchTasks(this.browse, args);
+      case "task.tag": return tagTask(this.browse, await this.task(args), args);
+      case "failures": return failures(this.browse, args);
+      case "executors.inflight": return inFlightByExecutor(this.browse);
+      case "run.show": return this.showRun(args);
+      case "alerts.set": case "alerts.ls": case "alerts.rm": return alertsOp(this.d.store.pool, op, args, this.d.clock.now());
       case "task.preview": return this.previewTask(args);
       case "task.pause": return this.toShard(args, "pause");
       case "task.resume": return this.toShard(args, "resume");
@@ -361,10 +371,12 @@ export class Api {
     await checkCalendarsExist(this.d.store, p.task.triggers.map((t) => t.spec as TriggerSpec));
     const upstreams: number[] = [];
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
+    const tags = raw.tags !== undefined ? parseTags(raw.tags) : [];
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount), ...(applySet ? { applySet } : {}) });
+    if (tags.length) await tagTask(this.browse, row, { tags });
     if (row.nextDueMs !== null) await this.d.due.add(row.shard, [{ id: row.id, dueMs: row.nextDueMs }]);
     await this.shardCommand(row.shard, { type: "load", taskId: row.id }).catch(() => undefined); // the owner also refills from Redis
-    return publicTask(row);
+    return { ...publicTask(row), tags };
   }
 
   /**
@@ -450,8 +462,17 @@ export class Api {
       const row = await this.d.store.getTask(d.id);
       return { id: d.id, name: d.name, state: row?.state, lastRun: last ? { id: last.id, state: last.state, finishedAt: last.finishedMs } : null };
     }));
-    const recent = await this.d.store.listRuns(t.id, 5);
-    return { ...publicTask(t), upstreams: ups, downstreams: downs, recentRuns: recent.map(publicRun) };
+    const recent = await this.d.store.listRuns(t.id, a.runs !== undefined ? intIn("runs", a.runs, 1, 200) : 5);
+    return { ...publicTask(t), tags: await taskTags(this.browse, t.id), upstreams: ups, downstreams: downs, recentRuns: recent.map(publicRun) };
+  }
+
+  /** `run.show { run }`: the run, why it ran (as `why`), the attempts of its retry chain, and its task's payload. */
+  private async showRun(a: Record<string, unknown>): Promise<unknown> {
+    const w = await this.why(a) as { run: unknown; sentences: string[] };
+    const run = (await this.d.store.getRun(String(a.run)))!;
+    const task = await this.d.store.getTask(run.taskId);
+    const attempts = await attemptsOf(this.browse, run);
+    return { ...w, attempts: attempts.map(publicRun), task: task ? { name: task.name, executor: task.executor, state: task.state, payload: task.payload, maxAttempts: task.maxAttempts } : null };
   }
 
   private async previewTask(a: Record<string, unknown>): Promise<unknown> {

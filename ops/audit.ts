@@ -3,7 +3,7 @@ import type { AuditRow, AuditTrail } from "../actors/index.ts";
 /** Operations that change something: each is recorded (who, when, what, and whether it was refused). */
 export const WRITE_OPS = new Set([
   "task.create", "task.bulkCreate", "task.pause", "task.resume", "task.rm", "task.deps.add", "task.deps.rm", "run", "task.update", "apply",
-  "executor.register", "run.cancel", "calendar.create", "calendar.rm", "task.backfill", "shards.move", "shards.unpin", "shards.rebalance", "node.drain", "node.undrain",
+  "executor.register", "run.cancel", "calendar.create", "calendar.rm", "task.backfill", "task.tag", "alerts.set", "alerts.rm", "shards.move", "shards.unpin", "shards.rebalance", "node.drain", "node.undrain",
 ]);
 export const isWriteOp = (op: string) => WRITE_OPS.has(op) || op.startsWith("executor.register.");
 

@@ -2,13 +2,13 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo } from "node:net";
 import { AxError, type AxErrorCode } from "../common/index.ts";
 import { errEnvelope, okEnvelope } from "./envelope.ts";
-import { DASHBOARD_HTML } from "./dashboard.ts";
+import { DASHBOARD_CSS, DASHBOARD_HTML, DASHBOARD_JS } from "./dashboard.ts";
 import { parseTokensFile, roleAllows, TokenVerifier, type Role } from "./httpAuth.ts";
 import type { AxNode } from "./node.ts";
 
 export interface HttpServer { address: string; close(): Promise<void> }
 
-const READ_OPS = new Set(["task.ls", "task.show", "task.preview", "task.history", "export", "runs", "why", "ledger", "status", "shards.ls", "dag", "audit", "run.get", "calendar.ls", "calendar.show", "forecast"]);
+const READ_OPS = new Set(["task.ls", "task.show", "task.preview", "task.history", "export", "runs", "why", "ledger", "status", "shards.ls", "dag", "audit", "run.get", "calendar.ls", "calendar.show", "forecast", "task.search", "failures", "run.show", "alerts.ls", "executors.inflight"]);
 const ADMIN_OPS = new Set(["shards.move", "shards.unpin", "shards.rebalance", "node.drain", "node.undrain"]);
 /** The role an operation needs: reads, task writes (operate), cluster placement (admin). */
 export const roleFor = (op: string): Role => (READ_OPS.has(op) ? "read" : ADMIN_OPS.has(op) ? "admin" : "operate");
@@ -91,7 +91,11 @@ export async function startHttp(node: AxNode, port: number, opts: HttpOptions): 
         const r = node.readiness();
         return send(r.ready ? 200 : 503, "application/json", JSON.stringify({ ready: r.ready, node: node.id, shards: node.ownedShards().length, reasons: r.reasons, failing: node.failing() }));
       }
-      if (url.pathname === "/" || url.pathname === "/index.html") return send(200, "text/html; charset=utf-8", DASHBOARD_HTML, { "content-security-policy": "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'", "x-frame-options": "DENY" });
+      // The dashboard: its script and style are files of this origin (no inline script runs).
+      const page = { "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'", "x-frame-options": "DENY" };
+      if (url.pathname === "/" || url.pathname === "/index.html") return send(200, "text/html; charset=utf-8", DASHBOARD_HTML, page);
+      if (url.pathname === "/ui/app.js") return send(200, "text/javascript; charset=utf-8", DASHBOARD_JS, page);
+      if (url.pathname === "/ui/app.css") return send(200, "text/css; charset=utf-8", DASHBOARD_CSS, page);
       const isApi = url.pathname.startsWith("/api/");
       if (!isApi && url.pathname !== "/metrics") return send(404, "text/plain", "not found");
       const op = isApi ? url.pathname.slice(5).replace(/\//g, ".") : "metrics";

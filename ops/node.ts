@@ -13,6 +13,7 @@ import { RefusalLog } from "./refusals.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
 import { DependencyHealth, type Dependency } from "./health.ts";
+import { AlertDispatcher } from "./alerts.ts";
 
 /**
  * Runs one JetStream step of the start-up and, if JetStream does not answer, says what was
@@ -62,6 +63,7 @@ export class AxNode {
   private persister!: Persister;
   private limiter!: InFlightLimiter;
   private deps!: DependencyActor;
+  private alerts!: AlertDispatcher;
   private nodeEvents: NodeEvents | null = null;
   private orphanTimer: NodeJS.Timeout | null = null;
   health: DependencyHealth | null = null;
@@ -134,7 +136,7 @@ export class AxNode {
       store: this.store, log: this.log, js: this.js, names: this.names, nodeId: this.id, clock: this.clock,
       // A run is released only by a shard that is still this node's (not fenced, lease valid).
       mayRelease: (shard) => (!(this.actors.get(shard)?.releasable ?? false) ? "never" : this.supervisor.leaseValid(shard) ? "yes" : "wait"),
-      onReleased: (runs, at) => { for (const r of runs) this.metrics.lateness.observe(Math.max(0, at - r.scheduledAt) / 1000); },
+      onReleased: (runs, at, executor) => { for (const r of runs) this.metrics.lateness.observe({ executor }, Math.max(0, at - r.scheduledAt) / 1000); },
     });
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
@@ -146,7 +148,10 @@ export class AxNode {
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
       failing: () => this.failing(),
+      onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
     });
+    this.alerts = new AlertDispatcher({ pool: this.store.pool, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
+    this.wireMetricSources(jsm);
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
       supervisor: this.supervisor, nodeId: this.id, status: () => this.status(),
@@ -180,7 +185,7 @@ export class AxNode {
     });
     await this.nodeEvents.start();
     // Hand-over hints, rebalance plans and operator kicks are the supervisor's own subscriptions.
-    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log });
+    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log, onTrigger: (kind) => this.metrics.dependencyTriggers.inc({ kind }) });
     await this.deps.start();
     await this.supervisor.start();
     this.pruneTimer = setInterval(() => {
@@ -245,8 +250,23 @@ export class AxNode {
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
-        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source }); this.firedWindow.add(this.clock.monotonic()); },
-        "run:finished": (e) => this.metrics.finished.inc({ state: e.state }),
+        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source, executor: e.executor }); this.firedWindow.add(this.clock.monotonic()); },
+        "run:finished": (e) => {
+          this.metrics.finished.inc({ outcome: e.state, executor: e.executor });
+          if (e.durationMs !== null) this.metrics.duration.observe({ executor: e.executor, outcome: e.state }, e.durationMs / 1000);
+          if (e.final && e.state !== "success") {
+            this.metrics.finalFailures.inc({ executor: e.executor });
+            if (e.task !== null) this.alerts.notify({ kind: "failed", task: e.task, executor: e.executor, runId: e.runId, reason: `${e.state}: ${e.error ?? ""}`, atMs: this.clock.now() });
+          }
+        },
+        "slot:missed": (e) => {
+          this.metrics.skipped.inc({ executor: e.executor, reason: e.reason });
+          this.alerts.notify({ kind: "missed", task: e.task, executor: e.executor, runId: e.runId, reason: e.detail, atMs: this.clock.now() });
+        },
+        "task:upstreamFailed": (e) => {
+          this.metrics.upstreamFailed.inc({ executor: e.executor });
+          this.alerts.notify({ kind: "upstream_failed", task: e.task, executor: e.executor, runId: e.upstreamRun, reason: e.reason, atMs: this.clock.now() });
+        },
         "task:stuck": () => this.metrics.stuck.inc(),
         "slots:accounted": (e) => this.metrics.slots.inc({ outcome: e.outcome }, e.count),
       },
@@ -283,6 +303,39 @@ export class AxNode {
       shard, epoch,
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
       fence: () => { sub.unsubscribe(); actor.fence(); forget(); },
+    };
+  }
+
+  /** The per-scrape gauges of /metrics (see MetricSources). */
+  private wireMetricSources(jsm: Awaited<ReturnType<typeof jetstreamManager>>): void {
+    const src = this.metrics.sources;
+    src.inFlightByExecutor = () => this.limiter.byExecutor();
+    src.shardLagMs = () => this.maxLagMs();
+    src.unownedShards = () => {
+      const owned = new Set<number>(this.ownedShards());
+      for (const m of this.supervisor.liveMembers()) for (const s of m.shards) owned.add(s);
+      return this.shardCount - owned.size;
+    };
+    // PostgreSQL and JetStream are asked at most every 5 s whatever the scrape rate.
+    let execCache: { at: number; v: Array<{ name: string; lastSeenMs: number | null }> } | null = null;
+    src.executorsSeen = async () => {
+      if (!execCache || this.clock.monotonic() - execCache.at > 5000) execCache = { at: this.clock.monotonic(), v: await this.store.listExecutors() };
+      return execCache.v;
+    };
+    let queueCache: { at: number; v: Promise<Map<string, { pending: number; ackPending: number }>> } | null = null;
+    src.executorQueues = () => {
+      if (queueCache && this.clock.monotonic() - queueCache.at < 5000) return queueCache.v;
+      const v = (async () => {
+        const out = new Map<string, { pending: number; ackPending: number }>();
+        for (const e of await src.executorsSeen!()) {
+          const info = await jsm.consumers.info(this.names.dispatchStream, this.names.executorConsumer(e.name)).catch(() => null);
+          if (info) out.set(e.name, { pending: info.num_pending, ackPending: info.num_ack_pending });
+        }
+        return out;
+      })();
+      queueCache = { at: this.clock.monotonic(), v };
+      v.catch(() => { queueCache = null; });
+      return v;
     };
   }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a fresh clone needs before running: dependencies, the build (when dist/ is missing
-# or older than the sources), then the three servers.
+# or older than the sources), then the three servers and the headless Chromium of the browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x node_modules/.bin/vitest ] || [ ! -x node_modules/.bin/tsx ] || [ ! -x node_modules/.bin/tsc ]; then
@@ -12,3 +12,4 @@ if [ ! -f dist/.built ] || [ -n "$(find common cluster actors protocol ops -name
   npm run --silent build
 fi
 bash scripts/services.sh
+bash scripts/browser.sh

@@ -11,6 +11,8 @@ export interface DependencyActorDeps {
   /** How often lost outcomes and coalesced satisfactions are looked for (default 5 s; 0 = only at start). */
   reconcileMs?: number;
   now?: () => number;
+  /** Told of each trigger published to a downstream (metrics). */
+  onTrigger?: (kind: DependencyTrigger["kind"]) => void;
 }
 
 /** The run id a shard derives from a due trigger (ShardActor.onDependencyTrigger uses the same formula). */
@@ -113,6 +115,7 @@ export class DependencyActor {
   private async publish(shard: number, trig: DependencyTrigger): Promise<void> {
     await this.d.js.publish(this.d.names.triggerSubject(shard), encode(trig), { msgID: `t:${trig.taskId}:${trig.key}` });
     this.stats.triggers++;
+    this.d.onTrigger?.(trig.kind);
   }
 
   async onOutcome(o: Outcome): Promise<void> {

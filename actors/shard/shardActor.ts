@@ -62,8 +62,16 @@ export interface ShardActorDeps {
 
 /** Typed, namespaced events for metrics, logs and the dashboard. */
 export interface ShardEvents {
-  "run:fired"?: (e: { shard: number; runId: string; taskId: number; lateMs: number; source: RunSource }) => void;
-  "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string }) => void;
+  "run:fired"?: (e: { shard: number; runId: string; taskId: number; lateMs: number; source: RunSource; executor: string }) => void;
+  /**
+   * `final`: no retry follows (success, or failed/timed out with no attempts left, or its task is
+   * gone); `durationMs`: from the executor's reported start to the end, null when no start was reported.
+   */
+  "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string; executor: string; final: boolean; durationMs: number | null; task: string | null; error: string | null }) => void;
+  /** A scheduled slot not fired: the previous run still in flight (overlap=forbid) or the executor full. */
+  "slot:missed"?: (e: { shard: number; runId: string; taskId: number; task: string; executor: string; reason: "overlap" | "executor_full"; slotMs: number | null; detail: string }) => void;
+  /** A task marked upstream_failed (an upstream failed for good). */
+  "task:upstreamFailed"?: (e: { shard: number; taskId: number; task: string; executor: string; upstreamRun: string; reason: string }) => void;
   "task:stuck"?: (e: { shard: number; taskId: number; reason: string }) => void;
   /** Slots accounted by a written round, per outcome (run or a non-run reason; see ledger.ts). */
   "slots:accounted"?: (e: { shard: number; outcome: ledger.SlotOutcome; count: number }) => void;
@@ -102,6 +110,8 @@ interface InFlightRun {
   held?: Pointer;
   /** The ledger's watermark before this run's slot was accounted (given back with it). */
   ledgerBefore?: { key: string; value: number | undefined };
+  /** When the executor reported the start (run duration metrics). */
+  startedMs?: number;
 }
 
 interface LiveTask {
@@ -654,6 +664,7 @@ export class ShardActor implements EventSink {
         lt.lastSkipped = { triggerId: p.triggerId, slotMs: p.slotMs };
         round.write.runInserts.push({ ...base, attempt: 0, state: "skipped", finishedMs: now, error: `not fired: previous run ${res.runningRunId} still in flight (overlap=forbid)` });
         this.ledgerSlot(round, lt, p, source, { outcome: "overlap", runId, runningRunId: res.runningRunId ?? "?" }, now);
+        this.d.events?.["slot:missed"]?.({ shard: this.shard, runId, taskId: row.id, task: row.name, executor: row.executor, reason: "overlap", slotMs: p.slotMs, detail: `previous run ${res.runningRunId} still in flight (overlap=forbid)` });
         this.advanceAfterFire(round, lt, p, now);
       } else if (source !== "dependency") {
         this.log.warn({ taskId: row.id, reason: res.reason }, "fire refused by the machine");
@@ -670,6 +681,7 @@ export class ShardActor implements EventSink {
       const why = `refused: executor ${row.executor} has ${this.d.limiter.inFlight(row.executor)} runs in flight (limit ${this.d.limiter.limitOf(row.executor)}); retry in ${delay}ms`;
       round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
       this.ledgerSlot(round, lt, p, source, { outcome: "refused", runId, executor: row.executor, inFlight: this.d.limiter.inFlight(row.executor), limit: this.d.limiter.limitOf(row.executor), retryInMs: delay }, now);
+      if (advanceSchedule) this.d.events?.["slot:missed"]?.({ shard: this.shard, runId, taskId: row.id, task: row.name, executor: row.executor, reason: "executor_full", slotMs: p.slotMs, detail: why });
       if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId)), [String(p.triggerId)]: p.slotMs };
       this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
       opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
@@ -693,7 +705,7 @@ export class ShardActor implements EventSink {
       scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.shard, token: run.token,
       deadline: releaseAt + row.timeoutMs, gen: row.generation,
     });
-    this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source });
+    this.d.events?.["run:fired"]?.({ shard: this.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source, executor: row.executor });
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
     else round.touched.add(row.id);
@@ -745,7 +757,7 @@ export class ShardActor implements EventSink {
       if (!tokenMatches(ev.token, run?.token ?? runToken(this.d.dispatchSecret, ev.runId))) { this.refuseEvent(ev); continue; }
       if (ev.type === "started") {
         round.write.runUpdates.push({ id: ev.runId, startedMs: ev.at, executorInstance: instance });
-        if (run) this.extend(run, now);
+        if (run) { run.startedMs = ev.at; this.extend(run, now); }
         continue;
       }
       if (ev.type === "progress") { if (run) this.extend(run, now); continue; }
@@ -829,10 +841,15 @@ export class ShardActor implements EventSink {
     this.d.limiter.release(run.executor);
     this.stats.finished++;
     round.write.runUpdates.push({ id: run.runId, ...upd });
-    this.d.events?.["run:finished"]?.({ shard: this.shard, runId: run.runId, taskId: run.taskId, state: upd.state ?? "?" });
     const lt = this.live.get(run.taskId);
-    if (!lt) return; // task removed meanwhile
+    const startedMs = upd.startedMs ?? run.startedMs;
+    const finished = (final: boolean) => this.d.events?.["run:finished"]?.({
+      shard: this.shard, runId: run.runId, taskId: run.taskId, state: upd.state ?? "?", executor: run.executor, final,
+      durationMs: startedMs !== undefined ? Math.max(0, (upd.finishedMs ?? now) - startedMs) : null, task: lt?.row.name ?? null, error: upd.error ?? null,
+    });
+    if (!lt) { finished(true); return; } // task removed meanwhile
     const res = this.transition(lt, ev);
+    finished(!res.ok || res.to !== "retry");
     if (!res.ok) { this.log.warn({ taskId: run.taskId, runId: run.runId, reason: res.reason }, "completion refused by the machine"); return; }
     round.touched.add(lt.row.id);
     if (res.to === "running" || res.to === "paused" || res.to === "cancelled") return;
@@ -867,6 +884,7 @@ export class ShardActor implements EventSink {
       const res = this.transition(lt, { type: "UPSTREAM_FAILED", upstreamRunId: trig.upstreamRuns[0] ?? "", reason: trig.reason });
       if (res.ok) {
         round.touched.add(lt.row.id);
+        this.d.events?.["task:upstreamFailed"]?.({ shard: this.shard, taskId: lt.row.id, task: lt.row.name, executor: lt.row.executor, upstreamRun: trig.upstreamRuns[0] ?? trig.key, reason: trig.reason });
         if (lt.row.hasDownstreams) round.outcomes.push({ taskId: lt.row.id, runId: trig.upstreamRuns[0] ?? trig.key, outcome: "upstream_failed", at: now, reason: trig.reason });
       }
       round.acks.push(msg);

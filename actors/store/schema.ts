@@ -315,6 +315,27 @@ create table executor_instances (
 `,
   },
   {
+    version: 15,
+    name: "task tags and alert hooks",
+    // tags: free labels for finding tasks (dashboard filter, ax task ls). alert_hooks: where a
+    // task's or an executor's alerts go (ops/alerts.ts): a NATS subject and/or a webhook URL
+    // (Slack-compatible JSON), for the events listed (failed, upstream_failed, missed).
+    sql: `
+alter table tasks add column tags text[] not null default '{}';
+create index tasks_tags on tasks using gin (tags);
+create table alert_hooks (
+  scope text not null check (scope in ('task','executor')),
+  target text not null,
+  nats_subject text,
+  webhook_url text,
+  events text[] not null,
+  created_ms bigint not null,
+  primary key (scope, target),
+  check (nats_subject is not null or webhook_url is not null)
+);
+`,
+  },
+  {
     version: 17,
     name: "partly released dispatch messages",
     // A message released while one of its shards was lost goes out with the other shards' runs
