@@ -5,17 +5,20 @@ import type { Clock, Logger, Names } from "../common/index.ts";
 
 export const HeartbeatSchema = z.object({
   v: z.literal(1),
-  id: z.string(),
-  http: z.string().nullable(),
+  id: z.string().min(1).max(256),
+  http: z.string().max(1024).nullable(),
   startedAt: z.number(),
-  shards: z.array(z.number().int()),
+  shards: z.array(z.number().int()).max(65_536),
   load: z.object({ firedPerSec: z.number(), inFlight: z.number(), lagMs: z.number() }),
   stopping: z.boolean(),
   /** False while the node is joining (it owns nothing yet and others hold hand-overs to it back); absent = ready. */
   ready: z.boolean().optional(),
   /** Dependencies this node cannot reach, with the reason (absent or empty = all reachable). */
-  failing: z.record(z.string(), z.string()).optional(),
+  failing: z.record(z.string().max(64), z.string().max(1024)).optional(),
 });
+
+/** Bounds on heartbeats: a larger one, or a new member beyond MAX_MEMBERS, is refused. */
+export const HEARTBEAT_LIMITS = { bytes: 512 * 1024, members: 1024 };
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
 
 export interface Member extends Heartbeat { lastSeenMono: number }
@@ -36,15 +39,21 @@ export class Membership {
     private readonly log: Logger,
     private readonly intervalMs: number,
     private readonly deadAfterMissed = 3,
+    private readonly onRefused: (cause: string, e: Error) => void = (cause, e) => log.warn({ cause, reason: e.message }, "heartbeat refused"),
   ) {}
 
   start(onChange: () => void): void {
     this.sub = this.nc.subscribe(this.n.heartbeatSubject, {
       callback: (err, msg) => {
         if (err) return;
+        if (msg.data.length > HEARTBEAT_LIMITS.bytes) { this.onRefused("heartbeat", new Error(`${msg.data.length} bytes (at most ${HEARTBEAT_LIMITS.bytes})`)); return; }
         const d = decode(HeartbeatSchema, msg.data);
-        if (!d.ok) { this.log.warn({ reason: d.reason }, "malformed heartbeat refused"); return; }
+        if (!d.ok) { this.onRefused("heartbeat", new Error(d.reason)); return; }
         const prev = this.members.get(d.value.id);
+        if (!prev && !d.value.stopping && this.members.size >= HEARTBEAT_LIMITS.members) {
+          this.sweep();
+          if (this.members.size >= HEARTBEAT_LIMITS.members) { this.onRefused("heartbeat", new Error(`${this.members.size} members (at most ${HEARTBEAT_LIMITS.members})`)); return; }
+        }
         if (d.value.stopping) {
           if (this.members.delete(d.value.id)) onChange();
           return;

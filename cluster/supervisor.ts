@@ -38,20 +38,28 @@ export interface SupervisorOptions {
   failing?: () => Record<string, string>;
   /** Told of each lease renewal's result and of each lease lost (metrics). */
   onLease?: (e: "ok" | "refused" | "unanswered" | "lost") => void;
+  /** A refused control message or a passed-over node (counted and logged once per cause per interval by the caller). */
+  onRefused?: (cause: string, e: Error) => void;
 }
 
 /** Back-off of a shard whose start (or whose rounds) failed: full jitter over base·2ⁿ, capped. */
 export const START_BACKOFF = { baseMs: 100, capMs: 1000, resetAfterMs: 30_000 };
 
 /** "I released `shard`; `to` should take it now" (core NATS, best effort: the lease bucket is the truth). */
-const HandoverSchema = z.object({ v: z.literal(1), shard: z.number().int(), from: z.string(), to: z.string().nullable() });
+const HandoverSchema = z.object({ v: z.literal(1), shard: z.number().int().nonnegative(), from: z.string().max(256), to: z.string().max(256).nullable() });
 /** A planned set of moves (`ax shards rebalance`): every node treats them as pins until they are done or expire. */
 const PlanSchema = z.object({
-  v: z.literal(1), id: z.string(), ttlMs: z.number().int().positive().max(600_000),
-  moves: z.array(z.object({ shard: z.number().int().nonnegative(), to: z.string() })).max(100_000),
+  v: z.literal(1), id: z.string().max(256), ttlMs: z.number().int().positive().max(600_000),
+  moves: z.array(z.object({ shard: z.number().int().nonnegative(), to: z.string().max(256) })).max(100_000),
 });
+/**
+ * Bounds on control messages (a hint or plan beyond them is refused, counted and logged once
+ * per cause per interval): at most MAX_PLANS plans kept at once (a new one beyond that is
+ * refused until one finishes or expires), each with at most one move per shard, every shard
+ * within 0..shardCount−1; a message is read only if its size fits what a valid one can take.
+ */
+export const CONTROL_LIMITS = { maxPlans: 16, hintBytes: 1024, planBytesPerShard: 300, planBytesBase: 1024 };
 export type PlannedMove = { shard: number; from: string | null; to: string; why: string };
-
 /** How many shard actors one node starts or stops at the same time. */
 const PARALLEL = 8;
 
@@ -108,7 +116,7 @@ export class ShardSupervisor {
   constructor(private readonly o: SupervisorOptions) {
     this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => o.onLease?.(r));
     this.view = new LeaseView(o.kv, o.leaseTtlMs, o.clock, o.log);
-    this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs);
+    this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs, 3, (cause, e) => this.refuse(cause, e.message));
     this.startedAt = o.clock.now();
   }
 
@@ -131,15 +139,27 @@ export class ShardSupervisor {
     this.members.start(() => this.kick());
     const sub = (subject: string, fn: (data: Uint8Array) => void) => this.subs.push(this.o.nc.subscribe(subject, { callback: (err, msg) => { if (!err) fn(msg.data); } }));
     sub(`${this.hb}.handover`, (data) => {
+      if (data.length > CONTROL_LIMITS.hintBytes) { this.refuse("handover", `${data.length} bytes (at most ${CONTROL_LIMITS.hintBytes})`); return; }
       const d = decode(HandoverSchema, data);
-      if (!d.ok) { this.o.log.warn({ reason: d.reason }, "malformed hand-over hint refused"); return; }
+      if (!d.ok) { this.refuse("handover", d.reason); return; }
+      if (d.value.shard >= this.o.shardCount) { this.refuse("handover", `shard ${d.value.shard} not in 0..${this.o.shardCount - 1}`); return; }
       if (d.value.to) this.hints.set(d.value.shard, { to: d.value.to, atMono: this.o.clock.monotonic() });
       this.kick();
     });
     sub(`${this.hb}.plan`, (data) => {
+      const maxBytes = CONTROL_LIMITS.planBytesBase + CONTROL_LIMITS.planBytesPerShard * this.o.shardCount;
+      if (data.length > maxBytes) { this.refuse("plan", `${data.length} bytes (at most ${maxBytes})`); return; }
       const d = decode(PlanSchema, data);
-      if (!d.ok) { this.o.log.warn({ reason: d.reason }, "malformed shard plan refused"); return; }
-      this.plans.set(d.value.id, { moves: new Map(d.value.moves.map((m) => [m.shard, m.to])), untilMono: this.o.clock.monotonic() + d.value.ttlMs });
+      if (!d.ok) { this.refuse("plan", d.reason); return; }
+      const moves = new Map<number, string>();
+      for (const m of d.value.moves) {
+        if (m.shard >= this.o.shardCount) { this.refuse("plan", `shard ${m.shard} not in 0..${this.o.shardCount - 1}`); return; }
+        if (moves.has(m.shard)) { this.refuse("plan", `shard ${m.shard} moved twice`); return; }
+        moves.set(m.shard, m.to);
+      }
+      this.dropExpiredPlans();
+      if (!this.plans.has(d.value.id) && this.plans.size >= CONTROL_LIMITS.maxPlans) { this.refuse("plan", `${this.plans.size} plans in progress (at most ${CONTROL_LIMITS.maxPlans})`); return; }
+      this.plans.set(d.value.id, { moves, untilMono: this.o.clock.monotonic() + d.value.ttlMs });
       this.kick();
     });
     // `ax shards move/unpin`, `ax node drain`: operator state changed in PostgreSQL.
@@ -224,20 +244,71 @@ export class ShardSupervisor {
       .finally(() => { this.reconciling = null; if (this.again) { this.again = false; this.kick(); } });
   }
 
+  private refuse(cause: string, reason: string): void {
+    if (this.o.onRefused) this.o.onRefused(cause, new Error(reason));
+    else this.o.log.warn({ cause, reason }, "control message refused");
+  }
+
+  private dropExpiredPlans(): void {
+    const now = this.o.clock.monotonic();
+    for (const [id, p] of this.plans) if (p.untilMono < now) this.plans.delete(id);
+  }
+
   /** Operator pins, then the planned moves of a rebalance still in progress. */
   private effectivePins(live: Set<string>): Map<number, string> {
     const pins = new Map(this.pins);
-    const now = this.o.clock.monotonic();
-    for (const [id, p] of this.plans) {
-      if (p.untilMono < now) { this.plans.delete(id); continue; }
-      for (const [s, to] of p.moves) if (!pins.has(s) && live.has(to)) pins.set(s, to);
-    }
+    this.dropExpiredPlans();
+    for (const p of this.plans.values()) for (const [s, to] of p.moves) if (!pins.has(s) && live.has(to)) pins.set(s, to);
     return pins;
+  }
+
+  /**
+   * Ghost nodes: a member that the assignment gives shards to but that holds no lease at all
+   * for longer than `ghostAfterMs` (its heartbeats arrive, it never acquires — a forged or
+   * wedged node) is passed over: left out of everyone's assignment, so its shards go to the
+   * nodes that do take them. Logged and counted once per pass-over (cause "ghost-node"). It
+   * gets another chance after a penalty that doubles with each pass-over (from 30 s, at most
+   * 10 min), at once if it is seen holding a lease, and is forgotten when it leaves.
+   */
+  private readonly ghosts = new Map<string, { pendingSinceMono: number | null; passedUntilMono: number; strikes: number }>();
+  get ghostAfterMs(): number { return Math.max(2 * this.o.leaseTtlMs + 5 * this.o.heartbeatMs, 10 * this.o.heartbeatMs); }
+
+  /** Nodes passed over right now. */
+  passedOver(): string[] {
+    const now = this.o.clock.monotonic();
+    return [...this.ghosts].filter(([, g]) => g.passedUntilMono > now).map(([id]) => id).sort();
+  }
+
+  /** Updates the ghost bookkeeping from the assignment just computed; true if a node was newly passed over. */
+  private watchGhosts(target: Map<number, string>, owners: Map<number, string>): boolean {
+    const now = this.o.clock.monotonic();
+    const holding = new Set(owners.values());
+    const assigned = new Set(target.values());
+    for (const id of this.ghosts.keys()) if (!this.members.get(id)) this.ghosts.delete(id);
+    let passed = false;
+    for (const m of this.members.live()) {
+      if (m.id === this.o.nodeId) continue;
+      let g = this.ghosts.get(m.id);
+      if (holding.has(m.id)) { if (g) { g.pendingSinceMono = null; g.passedUntilMono = 0; } continue; }
+      if (g && g.passedUntilMono > now) continue;
+      if (!assigned.has(m.id)) { if (g) g.pendingSinceMono = null; continue; }
+      if (!g) { g = { pendingSinceMono: null, passedUntilMono: 0, strikes: 0 }; this.ghosts.set(m.id, g); }
+      g.pendingSinceMono ??= now;
+      if (now - g.pendingSinceMono <= this.ghostAfterMs) continue;
+      const penaltyMs = Math.min(600_000, 30_000 * 2 ** Math.min(g.strikes, 10));
+      g.strikes++;
+      g.pendingSinceMono = null;
+      g.passedUntilMono = now + penaltyMs;
+      passed = true;
+      this.refuse("ghost-node", `node ${m.id.slice(0, 64)} was given shards but took no lease within ${this.ghostAfterMs} ms; passed over for ${penaltyMs} ms`);
+    }
+    return passed;
   }
 
   /** The assignment every node computes from the same view. */
   desired(opts: { sticky: boolean } = { sticky: true }): { target: Map<number, string>; owners: Map<number, string>; nodes: string[]; live: Set<string> } {
     const live = new Set(this.members.live().map((m) => m.id));
+    for (const g of this.passedOver()) live.delete(g);
     if (this.stopping) live.delete(this.o.nodeId); else live.add(this.o.nodeId);
     const nodes = [...live].filter((n) => !this.drained.has(n));
     const owners = this.view.owners();
@@ -262,7 +333,8 @@ export class ShardSupervisor {
     // Safety net: an actor whose lease is not (or no longer) the one it was started under.
     for (const [s, h] of [...this.owned]) if (this.leases.get(s)?.epoch !== h.epoch || !this.leases.isValid(s)) this.lose(s, "lease not held");
     if (this.joining() || this.stopping) return;
-    const { target, owners, nodes, live } = this.desired();
+    let { target, owners, nodes, live } = this.desired();
+    if (this.watchGhosts(target, owners)) ({ target, owners, nodes, live } = this.desired());
     if (!nodes.length) return; // everyone drained: keep what is owned rather than stop everything
     this.finishPlans(owners);
     const notReady = new Set(this.members.live().filter((m) => m.ready === false).map((m) => m.id));

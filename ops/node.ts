@@ -149,6 +149,7 @@ export class AxNode {
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
       failing: () => this.failing(),
       onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
+      onRefused: (cause, e) => this.refusals.note(cause, e),
     });
     this.alerts = new AlertDispatcher({ pool: this.store.pool, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
     this.wireMetricSources(jsm);
