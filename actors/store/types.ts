@@ -134,17 +134,9 @@ export interface ShardWrite {
  * A task's new definition as its shard decided it, with the trigger links to change (trigger rows
  * were inserted by the API; `unlink` ones are deleted) and the history row that records it.
  */
-export interface TaskDefUpdate {
+export interface TaskDefUpdate extends Pick<TaskDefinition, "executor" | "payload" | "timeoutMs" | "maxAttempts" | "backoffMs" | "backoffMaxMs" | "misfire" | "overlap"> {
   id: number;
   generation: number;
-  executor: string;
-  payload: unknown;
-  timeoutMs: number;
-  maxAttempts: number;
-  backoffMs: number;
-  backoffMaxMs: number;
-  misfire: MisfirePolicy;
-  overlap: OverlapPolicy;
   /** The new trigger set (null: unchanged). */
   triggers: TriggerRow[] | null;
   link: number[];

@@ -6,6 +6,7 @@ import { firstSlot, isSlotRun, watermark } from "../../actors/shard/ledger.ts";
 import type { AxClient } from "../../ops/client.ts";
 import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
+import { rng as mulberry32 } from "../unit/cron-reference.ts";
 
 /**
  * Completeness of the ledger as a property, on a real cluster: `ax node` processes (kill -9-able),
@@ -21,16 +22,6 @@ const SEED = Number(process.env.AX_SEED ?? 18);
 const LONG = process.env.AX_LONG === "1";
 const EVENTS_MS = LONG ? 180_000 : 15_000;
 
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface Status { nodes: Array<{ id: string; shards: number[] }> }
 

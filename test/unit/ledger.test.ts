@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { compiledOf, nextPointer, type TaskRow } from "../../actors/index.ts";
 import type { LedgerInsert, TriggerRow } from "../../actors/store/index.ts";
 import * as ledger from "../../actors/shard/ledger.ts";
+import { rng as mulberry32 } from "./cron-reference.ts";
 
 /**
  * Property tests of the pure ledger module (fixed seeds): a random sequence of decisions, as the
@@ -9,16 +10,6 @@ import * as ledger from "../../actors/shard/ledger.ts";
  * one. Every slot up to the watermark must be a run or in exactly one stored interval.
  */
 
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const T0 = Date.UTC(2026, 0, 5, 0, 0, 0);
 

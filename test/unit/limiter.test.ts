@@ -1,17 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { InFlightLimiter } from "../../actors/index.ts";
+import { rng } from "./cron-reference.ts";
 
-/** A tiny deterministic generator (mulberry32): the same seed gives the same operations. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 describe("in-flight limiter", () => {
   it("a full executor queues waiters and hands freed places out earliest due first", () => {

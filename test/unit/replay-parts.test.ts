@@ -1,10 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { replayParts } from "../../actors/index.ts";
+import { rng } from "./cron-reference.ts";
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => { a = (a + 0x6d2b79f5) >>> 0; let t = a; t = Math.imul(t ^ (t >>> 15), t | 1); t ^= t + Math.imul(t ^ (t >>> 7), t | 61); return ((t ^ (t >>> 14)) >>> 0) / 4294967296; };
-}
 
 describe("re-publishing a recorded dispatch message", () => {
   it("property: every unstarted run goes out in exactly one part; the part under the message's id is exactly what a partial release sent (seeded)", () => {
