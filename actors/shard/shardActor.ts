@@ -120,6 +120,33 @@ interface LiveTask {
   lastSkipped?: { triggerId: number | null; slotMs: number | null };
   /** Its schedule could not be computed this round (see markStuck). */
   stuck?: string;
+  /** The row's fenced fields as PostgreSQL holds them (see Written): a round that leaves them so writes nothing. */
+  written: Written;
+}
+
+/**
+ * The fields a task update writes, as loaded or last written. A round touches a task whenever it
+ * might have changed it (a wait for a place in flight, an event that moves nothing); comparing
+ * with this keeps the no-op updates off PostgreSQL, where at thousands of runs a second they were
+ * half of the task writes. `record` and `triggerSlots` compare by reference: every change makes
+ * new objects (applyEvent, the ledger's and schedule's helpers never mutate them in place), so a
+ * new reference is a change and the same reference is none.
+ */
+type Written = Pick<TaskRow, "state" | "record" | "triggerSlots" | "nextDueMs" | "nextSlotMs" | "nextTriggerId" | "nextSource" | "nextReason" | "nextCausedBy">;
+
+function written(r: TaskRow): Written {
+  return { state: r.state, record: r.record, triggerSlots: r.triggerSlots, nextDueMs: r.nextDueMs, nextSlotMs: r.nextSlotMs,
+    nextTriggerId: r.nextTriggerId, nextSource: r.nextSource, nextReason: r.nextReason, nextCausedBy: r.nextCausedBy };
+}
+
+function unchanged(w: Written, r: TaskRow): boolean {
+  return w.record === r.record && w.triggerSlots === r.triggerSlots && w.state === r.state && w.nextDueMs === r.nextDueMs
+    && w.nextSlotMs === r.nextSlotMs && w.nextTriggerId === r.nextTriggerId && w.nextSource === r.nextSource
+    && w.nextReason === r.nextReason && w.nextCausedBy === r.nextCausedBy;
+}
+
+function liveTask(row: TaskRow): LiveTask {
+  return { row, skippedWhileRunning: 0, written: written(row) };
 }
 
 export type Mail =
@@ -249,7 +276,7 @@ export class ShardActor implements EventSink {
     const running = await this.d.store.runningRuns(this.shard);
     const now = this.d.clock.now();
     const owners = await this.d.store.fetchTasks(this.shard, [...new Set(running.map((r) => r.taskId))]);
-    for (const row of owners) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+    for (const row of owners) this.live.set(row.id, liveTask(row));
     for (const r of running) this.adoptRunning(r, now);
     const republished = await this.republishUnstarted(running, now);
     if (republished) this.log.warn({ runs: republished }, "re-published runs the previous owner recorded but no executor started");
@@ -396,7 +423,7 @@ export class ShardActor implements EventSink {
       if (m.t === "capacity") need.add(m.taskId);
     }
     const missing = [...need].filter((id) => !this.live.has(id));
-    for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+    for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, liveTask(row));
     // Calendars of excluded dates named by the tasks coming due (none: no query).
     await this.calendars.ensure([...need].map((id) => this.live.get(id)?.row));
 
@@ -826,7 +853,7 @@ export class ShardActor implements EventSink {
     if (!this.live.has(run.taskId)) {
       // Adopted at load: the task row comes with the next round.
       void this.d.store.fetchTasks(this.shard, [run.taskId]).then((rows) => {
-        for (const row of rows) if (!this.live.has(row.id)) this.live.set(row.id, { row, skippedWhileRunning: 0 });
+        for (const row of rows) if (!this.live.has(row.id)) this.live.set(row.id, liveTask(row));
         this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
       });
       return;
@@ -1060,10 +1087,13 @@ export class ShardActor implements EventSink {
   // ---- effects -----------------------------------------------------------------------------
 
   private async commit(round: Round): Promise<void> {
+    const writing: Array<[LiveTask, Written]> = [];
     for (const id of round.touched) {
       const lt = this.live.get(id);
       if (!lt) continue;
       const r = lt.row;
+      if (unchanged(lt.written, r)) continue;
+      writing.push([lt, written(r)]);
       const u: TaskUpdate = {
         id, state: r.state, record: r.record, triggerSlots: r.triggerSlots, nextDueMs: r.nextDueMs, nextSlotMs: r.nextSlotMs,
         nextTriggerId: r.nextTriggerId, nextSource: r.nextSource, nextReason: r.nextReason, nextCausedBy: r.nextCausedBy,
@@ -1080,6 +1110,7 @@ export class ShardActor implements EventSink {
       this.d.onFenced(this.shard);
       return;
     }
+    for (const [lt, w] of writing) lt.written = w;
     const slotEvent = this.d.events?.["slots:accounted"];
     if (slotEvent) for (const [outcome, count] of ledger.slotOutcomes(round.write.ledger ?? [], round.write.runInserts)) slotEvent({ shard: this.shard, outcome, count });
     // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
