@@ -1,16 +1,38 @@
 import { fork, type ChildProcess } from "node:child_process";
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connectNats, loadConfig, names, type AxConfig } from "../common/index.ts";
 import { AxClient } from "../ops/client.ts";
-import { Executor, dropStreams, type RunContext } from "../protocol/index.ts";
+import { dropStreams, type Executor, type RunContext } from "../protocol/index.ts";
 import { Store, DueIndex } from "../actors/index.ts";
 import { Recorder } from "./recorder.ts";
 import { crossCheck, type CrossCheckResult, type RunRowTuple } from "./crosscheck.ts";
 import { procCpuS, procRssMb } from "./proc.ts";
+
+const ROOT = new URL("../", import.meta.url);
+const SOURCE_DIRS = ["common", "cluster", "actors", "protocol", "ops"];
+
+/**
+ * The node and the executor SDK are measured compiled (dist/), as users run them; dist/ is
+ * rebuilt first when any source is newer than its last build (the rule bin/ax.mjs follows).
+ */
+function ensureBuilt(): void {
+  let built = 0;
+  try { built = statSync(new URL("dist/.built", ROOT)).mtimeMs; } catch { /* not built */ }
+  let newest = 0;
+  for (const dir of SOURCE_DIRS) {
+    for (const f of readdirSync(new URL(dir, ROOT), { recursive: true }) as string[]) {
+      if (f.endsWith(".ts")) newest = Math.max(newest, statSync(new URL(`${dir}/${f}`, ROOT)).mtimeMs);
+    }
+  }
+  if (built > newest) return;
+  process.stderr.write("[bench] building dist/ (npm run build): the node and the SDK are measured compiled\n");
+  execFileSync("bash", [new URL("scripts/build.sh", ROOT).pathname], { stdio: ["ignore", "ignore", "inherit"] });
+}
 
 /**
  * How the node and the executor are started. Everything left undefined is the product default,
@@ -106,7 +128,10 @@ export class AxBench {
     b.client = await AxClient.connect(b.config.nats, b.ns);
     // The executor registers itself as any SDK user's does (no in-flight bound of its own: the
     // node's default applies).
-    b.executor = new Executor({
+    // The executor SDK compiled too, as users' executors run it (from the package's dist/).
+    ensureBuilt();
+    const sdk = (await import(new URL("../dist/protocol/index.js", import.meta.url).href)) as typeof import("../protocol/index.ts");
+    b.executor = new sdk.Executor({
       name: EXECUTOR, namespace: b.ns, nats: b.config.nats, concurrency: opts.executorConcurrency,
       ...(opts.eventFlushMs !== undefined ? { eventFlushMs: opts.eventFlushMs } : {}),
       handler: (ctx) => b.onRun(ctx),
@@ -121,12 +146,14 @@ export class AxBench {
   get nodePid(): number { return this.child.pid!; }
 
   private startNode(): Promise<void> {
-    // As bin/ax.mjs runs it: tsx and no V8 flags. --expose-gc only makes `gc()` callable (idle-1m
-    // settles the heap before reading it); it does not change how V8 collects.
-    const execArgv = ["--import", "tsx", "--expose-gc"];
+    // As `ax node` runs once built (bin/ax.mjs) or installed: the compiled dist/, no V8 flags.
+    // --expose-gc only makes `gc()` callable (idle-1m settles the heap before reading it); it
+    // does not change how V8 collects.
+    ensureBuilt();
+    const execArgv = ["--expose-gc"];
     execArgv.push(...(this.opts.nodeFlags ?? []));
     const fd = openSync(this.logPath, "w");
-    this.child = fork(new URL("./node-child.ts", import.meta.url).pathname, [], {
+    this.child = fork(new URL("./node-child.mjs", import.meta.url).pathname, [], {
       execArgv, env: { ...urlsOnly(process.env), ...this.env }, stdio: ["ignore", fd, fd, "ipc"],
     });
     closeSync(fd);

@@ -5,20 +5,25 @@
  * - { t: "gc" } runs a full GC first when started with --expose-gc;
  * - { t: "stop" } stops the node gracefully and exits (a --cpu-prof profile is written then).
  * Configuration comes from the AX_* environment, as for `ax node`.
+ *
+ * Plain JavaScript running the compiled node (dist/, `npm run build`), as `ax node` runs once
+ * built or installed: the sources through tsx cost the node about a fifth more CPU (esbuild's
+ * keepNames wraps every closure it creates), which is not what users run. The harness builds
+ * dist/ first when it is older than the sources.
  */
 import { Session } from "node:inspector/promises";
 import { writeFileSync } from "node:fs";
-import { AxNode } from "../ops/node.ts";
-import { createLogger, loadConfig } from "../common/index.ts";
+import { AxNode } from "../dist/ops/node.js";
+import { createLogger, loadConfig } from "../dist/common/index.js";
 
-type Msg = { t: "usage"; id: number } | { t: "gc"; id: number } | { t: "stop"; id: number } | { t: "stats"; id: number }
-  | { t: "profStart"; id: number } | { t: "profStop"; id: number; path: string };
+/** @typedef {{ t: "usage"|"gc"|"stop"|"stats"|"profStart"; id: number } | { t: "profStop"; id: number; path: string }} Msg */
 
 const config = loadConfig(process.env);
 const log = createLogger({ level: config.logLevel });
 const node = new AxNode({ config, nodeId: process.env.AX_BENCH_NODE_ID ?? "bench-node", httpPort: null, logger: log });
-const send = (m: unknown) => process.send?.(m);
-let session: Session | null = null;
+const send = (m) => process.send?.(m);
+/** @type {Session | null} */
+let session = null;
 
 function usage() {
   const cpu = process.cpuUsage();
@@ -26,12 +31,12 @@ function usage() {
   return { cpuS: (cpu.user + cpu.system) / 1e6, sysS: cpu.system / 1e6, rssMb: mem.rss / 1048576, heapUsedMb: mem.heapUsed / 1048576, maxRssMb: process.resourceUsage().maxRSS / 1024 };
 }
 
-process.on("message", (m: Msg) => {
+process.on("message", (/** @type {Msg} */ m) => {
   void (async () => {
     switch (m.t) {
       case "usage": send({ t: "reply", id: m.id, value: usage() }); break;
       case "gc": {
-        const gc = (globalThis as { gc?: () => void }).gc;
+        const gc = globalThis.gc;
         if (gc) for (let i = 0; i < 3; i++) { gc(); await new Promise((r) => setTimeout(r, 50)); }
         send({ t: "reply", id: m.id, value: usage() });
         break;
@@ -47,9 +52,9 @@ process.on("message", (m: Msg) => {
         break;
       }
       case "profStop": {
-        const { profile } = await session!.post("Profiler.stop");
+        const { profile } = await session.post("Profiler.stop");
         writeFileSync(m.path, JSON.stringify(profile));
-        session!.disconnect();
+        session.disconnect();
         send({ t: "reply", id: m.id, value: m.path });
         break;
       }
