@@ -83,7 +83,7 @@ export class Persister {
   constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
-    if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length && !write.ledger?.length && !dispatch.size) {
+    if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length && !write.ledger?.length && !write.defUpdates?.length && !dispatch.size) {
       return Promise.resolve({ stale: false, published: Promise.resolve() });
     }
     return new Promise((resolve, reject) => {
