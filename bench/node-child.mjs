@@ -11,6 +11,8 @@
  * keepNames wraps every closure it creates), which is not what users run. The harness builds
  * dist/ first when it is older than the sources.
  */
+import process from "node:process";
+import { setTimeout } from "node:timers";
 import { Session } from "node:inspector/promises";
 import { writeFileSync } from "node:fs";
 import { AxNode } from "../dist/ops/node.js";
