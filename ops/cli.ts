@@ -4,6 +4,7 @@ import { AxError, ENV_DEFAULTS, ENV_DOCS, InvalidInputError, NATS_AUTH_DOCS, OPT
 import { Executor } from "../protocol/index.ts";
 import { AxClient } from "./client.ts";
 import { AxNode } from "./node.ts";
+import { parseTaskSpec } from "./api.ts";
 import { demoHandler } from "./demoExecutor.ts";
 import { packageVersion } from "./version.ts";
 import { hashToken, ROLES, type Role } from "./httpAuth.ts";
@@ -222,6 +223,10 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       for (const k of ["cron", "every", "fixedDelay", "at", "delay", "dstGap", "dstRepeat", "jitter", "start", "end", "maxRuns", "excludeCalendar"]) if (o[k] !== undefined) args[k] = o[k];
       if (o.cron !== undefined || tzGiven) args.tz = o.tz;
       if (payload !== undefined) args.payload = payload;
+      // Checked here first, by the node's own rules: a bad name, trigger or duration is refused
+      // (exit 2, naming the field) even when no node is running, instead of "no ax node is
+      // running". The payload's size limits are the node's settings, so only it applies them.
+      parseTaskSpec(args, Date.now(), { payloadBytes: Infinity, payloadDepth: Infinity });
       const t = await withClient((c) => c.call<{ id: number; name: string; nextDueAt: string | null; triggers: Array<{ description: string }> }>("task.create", args));
       print(o.json as boolean, t, () => `created task ${t.name} (id ${t.id}): ${t.triggers.map((x) => x.description).join("; ") || "runs after its upstreams"}; next due ${t.nextDueAt ?? "—"}`);
     });

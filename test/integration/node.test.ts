@@ -301,6 +301,26 @@ describe("single node end to end", () => {
     }
   });
 
+  it("with no node in the namespace, a bad task spec is still refused naming the field; a good one is told no node runs", async () => {
+    const empty = new TestCluster("nonode");
+    try {
+      const bad: Array<[string[], RegExp]> = [
+        [["task", "create", "c1", "--executor", "work", "--every", "0s"], /every/],
+        [["task", "create", "c2", "--executor", "work", "--cron", "61 * * * *"], /minute/],
+        [["task", "create", "c3", "--executor", "work", "--cron", "0 * * * *", "--tz", "Mars/Olympus"], /tz/],
+        [["task", "create", "bad name", "--executor", "work", "--every", "1s"], /name/],
+      ];
+      for (const [args, re] of bad) {
+        const r = await empty.cli(args);
+        expect(r.code, `${args.join(" ")} → ${r.stderr}`).toBe(2);
+        expect(r.stderr).toMatch(re);
+      }
+      const good = await empty.cli(["task", "create", "c4", "--executor", "work", "--every", "1s"]);
+      expect(good.code, good.stderr).toBe(1);
+      expect(good.stderr).toMatch(/no ax node is running/);
+    } finally { await empty.teardown(); }
+  });
+
   it("a node whose HTTP port is taken exits with code 2 naming the port, and does not hang on what it opened", async () => {
     const blocker = createServer();
     await new Promise<void>((r) => blocker.listen(0, "127.0.0.1", () => r()));
