@@ -178,6 +178,12 @@ export class Executor {
   private js: JetStreamClient | null = null;
   private stopping = false;
   private active = new Map<string, ActiveRun>();
+  /**
+   * Runs taken by a delivery that is still asking run.check about them, before they are active:
+   * a second delivery of the same run meanwhile (a redelivery after the ack wait, a re-published
+   * message) is a duplicate too. Without this both passed the check and the handler ran twice.
+   */
+  private readonly claimed = new Set<string>();
   // Run ids finished here, in two generations of up to finishedCap each (so the latest
   // finishedCap are always remembered). Evicting the oldest key of one big Map is O(1) in
   // theory but not in V8: after many deletions from the front, finding the first live entry
@@ -309,12 +315,13 @@ export class Executor {
     }
     const batch = d.value;
     const keepAlive = setInterval(() => m.working(), Math.max(1000, (this.opts.ackWaitMs ?? 30_000) / 3));
+    const mine: string[] = [];
     try {
       const runs: Array<Promise<void>> = [];
       const fresh: Array<DispatchRun> = [];
       const now = Date.now();
       for (const run of batch.runs) {
-        if (this.finished.has(run.runId) || this.finishedOld.has(run.runId) || this.active.has(run.runId)) { this.stats.duplicates++; continue; }
+        if (this.finished.has(run.runId) || this.finishedOld.has(run.runId) || this.active.has(run.runId) || this.claimed.has(run.runId)) { this.stats.duplicates++; continue; }
         // Past its deadline the scheduler has timed the run out and owns its retry: never started,
         // on a first delivery (queued while no instance ran) as on a redelivery.
         const deadline = run.deadline ?? run.firedAt + run.timeoutMs;
@@ -324,25 +331,30 @@ export class Executor {
           continue;
         }
         fresh.push(run);
+        this.claimed.add(run.runId);
+        mine.push(run.runId);
       }
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
       const suspect = fresh.filter((r) => m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
       const verdicts = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
       for (const run of fresh) {
         const why = verdicts.get(run.runId);
-        if (why) { this.stats.stale++; this.refuseStale(batch, run, why); continue; }
+        if (why) { this.stats.stale++; this.refuseStale(batch, run, why); this.claimed.delete(run.runId); continue; }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
         this.slots--;
+        // execute() marks the run active before its first await: the claim hands over to that.
         runs.push(this.execute(routeOf(batch, run), run).finally(() => {
           this.slots++;
           this.slotWaiters.shift()?.();
         }));
+        this.claimed.delete(run.runId);
       }
       await Promise.all(runs);
       await this.flush();
       m.ack();
     } finally {
       clearInterval(keepAlive);
+      for (const id of mine) this.claimed.delete(id); // only this delivery's claims (a duplicate's are none)
     }
   }
 

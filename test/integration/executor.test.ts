@@ -14,9 +14,11 @@ let nc: NatsConnection;
 let ex: Executor;
 const seen: RunEvent[] = [];
 const aborted = new Map<string, boolean>();
+const handled = new Map<string, number>();
 
 async function handler(ctx: RunContext): Promise<void> {
   const mode = (ctx.payload as { mode: string }).mode;
+  handled.set(ctx.runId, (handled.get(ctx.runId) ?? 0) + 1);
   if (mode === "watch") {
     await new Promise<void>((_, reject) => ctx.signal.addEventListener("abort", () => { aborted.set(ctx.runId, ctx.signal.aborted); reject(new Error("gave up")); }));
   }
@@ -52,6 +54,23 @@ afterAll(async () => {
 });
 
 describe("executor SDK", () => {
+  it("two deliveries of one run while run.check is slow: the handler runs once", async () => {
+    // run.check answered here, after 400 ms ("nothing stale"), as a node under load might.
+    const sub = nc.subscribe(n.apiSubject("run.check.sdk"), { callback: (_e, m) => { setTimeout(() => m.respond(encode({ ok: true, value: { stale: {} } })), 400); } });
+    try {
+      const runId = `r-twice-${++seq}`;
+      const now = Date.now();
+      // Fired 3 s ago: older than the SDK's stale-check threshold, so each delivery asks run.check.
+      const run: DispatchRun = { runId, taskId: seq, taskName: "twice", attempt: 1, source: "manual", payload: { mode: "quick" }, scheduledAt: now - 3000, firedAt: now - 3000, timeoutMs: 10_000 };
+      const js = jetstream(nc);
+      for (const copy of ["a", "b"]) await js.publish(n.dispatchSubject("sdk"), encode({ v: 1, shard: 0, epoch: 1, node: "test", runs: [run] }), { msgID: `d:${runId}:${copy}` });
+      await waitFor(() => eventsOf(runId).some((e) => e.type === "completed"), 5000, "completed event");
+      await new Promise((r) => setTimeout(r, 1000)); // the second delivery, had it run, would be done by now
+      expect(handled.get(runId)).toBe(1);
+      expect(eventsOf(runId).filter((e) => e.type === "completed")).toHaveLength(1);
+    } finally { sub.unsubscribe(); }
+  });
+
   it("aborts a run's signal at its timeout and reports the run failed", async () => {
     const runId = await dispatch("watch", 300);
     await waitFor(() => eventsOf(runId).some((e) => e.type === "failed"), 5000, "failed event");
