@@ -1,6 +1,5 @@
-import { fork, type ChildProcess } from "node:child_process";
-import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
-import { execFileSync } from "node:child_process";
+import { execFileSync, fork, type ChildProcess } from "node:child_process";
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
@@ -14,23 +13,16 @@ import { crossCheck, type CrossCheckResult, type RunRowTuple } from "./crosschec
 import { procCpuS, procRssMb } from "./proc.ts";
 
 const ROOT = new URL("../", import.meta.url);
-const SOURCE_DIRS = ["common", "cluster", "actors", "protocol", "ops"];
 
 /**
  * The node and the executor SDK are measured compiled (dist/), as users run them; dist/ is
- * rebuilt first when any source is newer than its last build (the rule bin/ax.mjs follows).
+ * rebuilt first when it is missing or older than the sources (bin/ax.mjs's rule).
  */
-function ensureBuilt(): void {
-  let built = 0;
-  try { built = statSync(new URL("dist/.built", ROOT)).mtimeMs; } catch { /* not built */ }
-  let newest = 0;
-  for (const dir of SOURCE_DIRS) {
-    for (const f of readdirSync(new URL(dir, ROOT), { recursive: true }) as string[]) {
-      if (f.endsWith(".ts")) newest = Math.max(newest, statSync(new URL(`${dir}/${f}`, ROOT)).mtimeMs);
-    }
-  }
-  if (built > newest) return;
-  process.stderr.write("[bench] building dist/ (npm run build): the node and the SDK are measured compiled\n");
+async function ensureBuilt(): Promise<void> {
+  const { staleReason } = (await import(new URL("bin/dist-fresh.mjs", ROOT).href)) as { staleReason: () => string | null };
+  const reason = staleReason();
+  if (reason === null) return;
+  process.stderr.write(`[bench] ${reason}: building it (npm run build); the node and the SDK are measured compiled\n`);
   execFileSync("bash", [new URL("scripts/build.sh", ROOT).pathname], { stdio: ["ignore", "ignore", "inherit"] });
 }
 
@@ -128,8 +120,7 @@ export class AxBench {
     b.client = await AxClient.connect(b.config.nats, b.ns);
     // The executor registers itself as any SDK user's does (no in-flight bound of its own: the
     // node's default applies).
-    // The executor SDK compiled too, as users' executors run it (from the package's dist/).
-    ensureBuilt();
+    // The executor SDK compiled too (dist/, built by startNode), as users' executors run it.
     const sdk = (await import(new URL("../dist/protocol/index.js", import.meta.url).href)) as typeof import("../protocol/index.ts");
     b.executor = new sdk.Executor({
       name: EXECUTOR, namespace: b.ns, nats: b.config.nats, concurrency: opts.executorConcurrency,
@@ -145,11 +136,11 @@ export class AxBench {
 
   get nodePid(): number { return this.child.pid!; }
 
-  private startNode(): Promise<void> {
+  private async startNode(): Promise<void> {
     // As `ax node` runs once built (bin/ax.mjs) or installed: the compiled dist/, no V8 flags.
     // --expose-gc only makes `gc()` callable (idle-1m settles the heap before reading it); it
     // does not change how V8 collects.
-    ensureBuilt();
+    await ensureBuilt();
     const execArgv = ["--expose-gc"];
     execArgv.push(...(this.opts.nodeFlags ?? []));
     const fd = openSync(this.logPath, "w");

@@ -315,10 +315,9 @@ export class Executor {
     }
     const batch = d.value;
     const keepAlive = setInterval(() => m.working(), Math.max(1000, (this.opts.ackWaitMs ?? 30_000) / 3));
-    const mine: string[] = [];
+    const fresh: Array<DispatchRun> = [];
     try {
       const runs: Array<Promise<void>> = [];
-      const fresh: Array<DispatchRun> = [];
       const now = Date.now();
       for (const run of batch.runs) {
         if (this.finished.has(run.runId) || this.finishedOld.has(run.runId) || this.active.has(run.runId) || this.claimed.has(run.runId)) { this.stats.duplicates++; continue; }
@@ -332,29 +331,28 @@ export class Executor {
         }
         fresh.push(run);
         this.claimed.add(run.runId);
-        mine.push(run.runId);
       }
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
       const suspect = fresh.filter((r) => m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
       const verdicts = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
       for (const run of fresh) {
         const why = verdicts.get(run.runId);
-        if (why) { this.stats.stale++; this.refuseStale(batch, run, why); this.claimed.delete(run.runId); continue; }
+        if (why) { this.stats.stale++; this.refuseStale(batch, run, why); continue; }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
         this.slots--;
-        // execute() marks the run active before its first await: the claim hands over to that.
         runs.push(this.execute(routeOf(batch, run), run).finally(() => {
           this.slots++;
           this.slotWaiters.shift()?.();
         }));
-        this.claimed.delete(run.runId);
       }
       await Promise.all(runs);
       await this.flush();
       m.ack();
     } finally {
       clearInterval(keepAlive);
-      for (const id of mine) this.claimed.delete(id); // only this delivery's claims (a duplicate's are none)
+      // Only this delivery's claims (a duplicate's are none). Until now the run was claimed, then
+      // active or remembered as finished: a duplicate never found it unmarked.
+      for (const run of fresh) this.claimed.delete(run.runId);
     }
   }
 
