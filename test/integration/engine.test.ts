@@ -199,7 +199,8 @@ describe("engine v2", () => {
     const until = Date.now() + 2200;
     while (Date.now() < until) { /* busy */ }
     await waitFor(() => starts.length === 1, 10_000, "the late slot fired");
-    const runs = await runsOf(store, "behind");
+    // The handler has started; its completion is written a round later (CI once read `running`).
+    const runs = await waitFor(async () => { const rs = await runsOf(store!, "behind"); return rs.every((r) => r.state !== "running") ? rs : null; }, 10_000, "the run's outcome written");
     expect(runs.map((r) => [r.source, r.dueMs, r.state])).toEqual([["once", due, "success"]]);
     expect(starts[0]!.scheduledAt).toBe(due);
   });
