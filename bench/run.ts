@@ -182,7 +182,16 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage();
   const u0 = await b.usage(); const s0 = serversCpu(); const pg0 = verbose ? await b.pgStats() : null;
   const graceMs = o.graceMs ?? 30_000;
-  const done = await rec.waitFor(tasks, due(tasks - 1) - Date.now() + graceMs);
+  // --verbose: once a second, the node's limiter (runs in flight, tasks waiting for a place), its
+  // shards' fired/finished counters and the persister's last batch, beside the runs seen so far.
+  const sampler = verbose ? setInterval(() => {
+    void b.nodeStatus().then((x) => {
+      const y = x as { limiter?: unknown; shardTotals?: Record<string, number>; persister?: { batches: number; lastBatchMs: number } };
+      log("sample", JSON.stringify({ limiter: y.limiter, fired: y.shardTotals?.fired, finished: y.shardTotals?.finished, waited: y.shardTotals?.waited,
+        batches: y.persister?.batches, lastBatchMs: Math.round(y.persister?.lastBatchMs ?? 0), ran: rec.distinct }));
+    }, () => undefined);
+  }, 1000) : null;
+  const done = await rec.waitFor(tasks, due(tasks - 1) - Date.now() + graceMs).finally(() => { if (sampler) clearInterval(sampler); });
   if (!done) log(`warning: only ${rec.distinct}/${tasks} ran within ${graceMs / 1000}s after the last due time`);
   await sleep(1000); // a duplicate would show up now
   rec.freeze();
@@ -193,7 +202,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   if (prof) log(`profile: ${prof}`);
   if (pg0) {
     const pg1 = await b.pgStats();
-    log("pg", Object.fromEntries(Object.entries(pg1).map(([k, v]) => [k, v - (pg0[k] ?? 0)])), "node", await b.nodeStatus().then((x) => (x as { persister?: unknown }).persister));
+    log("pg", Object.fromEntries(Object.entries(pg1).map(([k, v]) => [k, v - (pg0[k] ?? 0)])), "node", await b.nodeStatus().then((x) => { const y = x as { persister?: unknown; limiter?: unknown; shardTotals?: unknown }; return { persister: y.persister, limiter: y.limiter, shards: y.shardTotals }; }));
   }
   const s = rec.summary();
   // The runs table trails the handlers by the event path (executor flush, the node's round): at

@@ -368,6 +368,13 @@ export class AxNode {
     return { ready: reasons.length === 0, reasons };
   }
 
+  /** The counters of the shard actors running here, summed (fired, finished, waited, …). */
+  private shardTotals(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const a of this.actors.values()) for (const [k, v] of Object.entries(a.stats)) if (!k.endsWith("LateMs")) out[k] = (out[k] ?? 0) + v;
+    return out;
+  }
+
   async status(): Promise<unknown> {
     const members = this.supervisor.liveMembers();
     const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }, failing: this.failing() };
@@ -389,6 +396,10 @@ export class AxNode {
       tasks: fromPg?.tasks ?? null, running: fromPg?.running ?? null, executors: fromPg?.executors ?? [],
       firedPerSec: nodes.reduce((n, x) => n + x.load.firedPerSec, 0),
       persister: this.persister.stats,
+      // Runs holding a place at their executors and tasks queued for one (a pinned inFlight with
+      // a growing queue is the in-flight bound limiting the rate), and the shards' counters summed.
+      limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting() },
+      shardTotals: this.shardTotals(),
       events: this.nodeEvents?.stats ?? null,
     };
   }
