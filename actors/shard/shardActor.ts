@@ -1155,10 +1155,16 @@ export class ShardActor implements EventSink {
 
   /**
    * Runs recorded `running` that no executor reported starting may never have been published
-   * (the previous owner died between its write and its publish). Their recorded messages are
-   * published again, complete (runs of every shard they carried) and under their recorded ids:
-   * when the first publish did land, JetStream's duplicate window (2 min) drops the copy, so no
-   * run is delivered twice. Older ones are left to time out and follow their retry policy.
+   * (the previous owner died between its write and its publish, or its publish kept failing
+   * until its lease ran out: a NATS cluster electing a new meta and stream leader answers
+   * nothing for 4-9 s). Their recorded messages are published again, complete (runs of every
+   * shard they carried) and under their recorded ids: when the first publish did land,
+   * JetStream's duplicate window (2 min) drops the copy, so no run is delivered twice. Older ones
+   * are left to time out and follow their retry policy.
+   *
+   * A run whose timeout passed while nobody could publish it is published too, with its deadline
+   * counted from now: it never reached an executor, so timing it out would fail (and, without
+   * retries, lose) a run that never had its chance. Its timeout on this shard is reset to match.
    * Messages written before node-level dispatch (one shard each, no record) go out as v1.
    */
   private async republishUnstarted(running: RunRow[], now: number): Promise<number> {
@@ -1167,7 +1173,7 @@ export class ShardActor implements EventSink {
     for (const r of running) {
       const row = this.live.get(r.taskId)?.row;
       if (!row || r.startedMs !== null || !r.dispatchId || r.firedMs === null) continue;
-      if (now - r.firedMs > REPUBLISH_WINDOW_MS || r.firedMs + row.timeoutMs <= now) continue;
+      if (now - r.firedMs > REPUBLISH_WINDOW_MS) continue;
       ids.add(r.dispatchId);
     }
     if (!ids.size) return 0;
@@ -1180,7 +1186,15 @@ export class ShardActor implements EventSink {
       n += m.runs.length;
       const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
         payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id),
-        deadline: (r.firedMs ?? now) + r.timeoutMs, ...(this.live.get(r.taskId) ? { gen: this.live.get(r.taskId)!.row.generation } : {}) }));
+        // From when it goes out (see above); a copy of a publish that did land is dropped anyway.
+        deadline: Math.max(r.firedMs ?? now, now) + r.timeoutMs, ...(this.live.get(r.taskId) ? { gen: this.live.get(r.taskId)!.row.generation } : {}) }));
+      for (const r of runs) {
+        const own = r.shard === this.shard ? this.inFlight.get(r.runId) : undefined;
+        if (own && r.deadline! > r.firedAt + r.timeoutMs) {
+          if (own.ref) this.wheel.cancel(own.ref);
+          own.ref = this.wheel.add(r.deadline!, { k: 1, runId: r.runId });
+        }
+      }
       // Recorded ahead of their due time by the previous owner: published at it, never before.
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs)
         .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
