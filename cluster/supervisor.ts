@@ -12,7 +12,8 @@ export interface ShardHandle {
   readonly shard: number;
   readonly epoch: number;
   stop(): Promise<void>;
-  fence(): void;
+  /** Stops the actor at once (nothing more fires or is written); `reason` is logged. */
+  fence(reason?: string): void;
 }
 
 export interface SupervisorOptions {
@@ -310,7 +311,14 @@ export class ShardSupervisor {
     const live = new Set(this.members.live().map((m) => m.id));
     for (const g of this.passedOver()) live.delete(g);
     if (this.stopping) live.delete(this.o.nodeId); else live.add(this.o.nodeId);
-    const nodes = [...live].filter((n) => !this.drained.has(n));
+    let nodes = [...live].filter((n) => !this.drained.has(n));
+    // A node that cannot reach PostgreSQL, Redis or JetStream (its heartbeat says which) cannot
+    // run a shard: left out, so its shards go to nodes that can instead of waiting for it (a node
+    // cut off from PostgreSQL alone still heartbeats). Unless every node fails: then nobody can
+    // do better, and the assignment stays as it was.
+    const failing = (n: string) => Object.keys((n === this.o.nodeId ? this.o.failing?.() : this.members.get(n)?.failing) ?? {}).length > 0;
+    const able = nodes.filter((n) => !failing(n));
+    if (able.length) nodes = able;
     const owners = this.view.owners();
     for (const s of this.leases.heldShards()) owners.set(s, this.o.nodeId);
     const sticky = new Map<number, string>();
@@ -488,6 +496,22 @@ export class ShardSupervisor {
     // back-off, not in a loop that takes a new epoch for every attempt.
     this.failed(shard);
     if (this.leases.get(shard)?.epoch === h.epoch) await this.leases.release(shard);
+    this.kick();
+  }
+
+  /**
+   * This node lost a server its shards need (PostgreSQL) while others may still reach it: its
+   * shards are fenced and their leases given up at once, so a node that can run them takes them
+   * within a heartbeat. Without this a node cut off from PostgreSQL alone kept renewing its leases
+   * while its rounds hung (a blackholed connection answers nothing), and its shards fired nothing
+   * for the whole partition. One line for all of them; the outage has its own.
+   */
+  async giveUpAll(reason: string): Promise<void> {
+    const all = [...this.owned];
+    if (!all.length || this.stopping) return;
+    this.o.log.warn({ shards: all.map(([s]) => s), epochs: all.map(([, h]) => h.epoch), reason }, "shards:given-up");
+    for (const [s, h] of all) { this.owned.delete(s); h.fence(reason); }
+    await Promise.allSettled(all.map(async ([s, h]) => { if (this.leases.get(s)?.epoch === h.epoch) await this.leases.release(s); }));
     this.kick();
   }
 

@@ -124,7 +124,12 @@ export class AxNode {
     this.health = new DependencyHealth({
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat.
-      onChange: (_d, up) => { if (up) this.supervisor?.kick(); },
+      // PostgreSQL lost: give the shards up for a node that reaches it (see giveUpAll); their
+      // rounds could not be written anyway. Redis is not: the wheels keep firing without it.
+      onChange: (d, up) => {
+        if (up) this.supervisor?.kick();
+        else if (d === "postgres") void this.supervisor?.giveUpAll(`postgres unreachable: ${this.health?.failing().postgres ?? "?"}`);
+      },
     });
     this.health.start();
     // The bucket's max age is what really expires leases; it was fixed by the node that created
@@ -303,7 +308,7 @@ export class AxNode {
     return {
       shard, epoch,
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
-      fence: () => { sub.unsubscribe(); actor.fence(); forget(); },
+      fence: (reason) => { sub.unsubscribe(); actor.fence(reason); forget(); },
     };
   }
 
