@@ -209,6 +209,54 @@ export class NatsCluster {
   async destroy(): Promise<void> { await Promise.allSettled(this.servers.map((s) => s.destroy())); }
 }
 
+/**
+ * node → proxy → server on loopback, for partitions: `cut()` blackholes it (connections stay
+ * open and nothing passes either way, new ones are accepted and never forwarded: what a node
+ * sees when the network between it and the server drops packets); `heal()` lets traffic pass
+ * again and resets the connections of the cut (their bytes were dropped, as TCP gives up on
+ * them after a long partition), so clients reconnect.
+ */
+export class CuttableProxy {
+  private readonly pairs = new Set<{ client: Socket; upstream: Socket | null }>();
+  private cutNow = false;
+  private constructor(private readonly server: ReturnType<typeof createServer>, readonly port: number) {}
+
+  static async start(targetPort: number): Promise<CuttableProxy> {
+    let self: CuttableProxy | null = null;
+    const server = createServer((client) => {
+      const pair = { client, upstream: null as Socket | null };
+      self!.pairs.add(pair);
+      const close = () => { client.destroy(); pair.upstream?.destroy(); self!.pairs.delete(pair); };
+      client.on("error", () => undefined);
+      client.on("close", close);
+      if (self!.cutNow) { client.on("data", () => undefined); return; } // held: never reaches the server
+      const up = new Socket();
+      pair.upstream = up;
+      up.on("error", () => undefined);
+      up.on("close", close);
+      up.connect(targetPort, "127.0.0.1");
+      client.on("data", (d) => { if (!self!.cutNow) up.write(d); });
+      up.on("data", (d) => { if (!self!.cutNow) client.write(d); });
+    });
+    const port = await new Promise<number>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(0, "127.0.0.1", () => resolve((server.address() as { port: number }).port));
+    });
+    self = new CuttableProxy(server, port);
+    return self;
+  }
+
+  cut(): void { this.cutNow = true; }
+  heal(): void {
+    this.cutNow = false;
+    for (const p of [...this.pairs]) { p.client.destroy(); p.upstream?.destroy(); }
+  }
+  async close(): Promise<void> {
+    this.heal();
+    await new Promise((r) => this.server.close(r));
+  }
+}
+
 /** Everything one fault scenario runs: its servers, an `ax node` process, an executor and a workload. */
 export interface Completion { runId: string; task: string; scheduledAt: number; startedAt: number; finishedAt: number }
 
