@@ -61,6 +61,9 @@ describe("faults: NATS cluster", () => {
     const cluster = r.rig.nats as NatsCluster;
     expect(cluster.byName(killed)!.alive()).toBe(false);
     expect(cluster.live().length).toBe(2);
-    expectHealthy(r);
+    // Firing is back once the raft elections are over (nats-server elects after 4-9 s; measured
+    // 6.8-8 s of JetStream not answering), the shards are loaded again and the executor's pull
+    // has been re-issued to the new consumer leader (2 s): measured 5.4-12.8 s after the kill.
+    expectHealthy(r, { recoveryBoundMs: 15_000 });
   }, 240_000);
 });

@@ -517,13 +517,13 @@ export async function runScenario(name: string, fault: (rig: FaultRig) => Promis
 }
 
 /** The assertions every fault scenario shares (see test/faults.ts for the workload). */
-export function expectHealthy(r: Awaited<ReturnType<typeof runScenario>>): void {
+export function expectHealthy(r: Awaited<ReturnType<typeof runScenario>>, opts: { recoveryBoundMs?: number } = {}): void {
   expect(r.report.nodeAlive).toBe(true);
   expect(r.verdict.lost, "one-shots that never ran").toEqual([]);
   expect(r.verdict.doubledSlots, "slots with more than one run").toEqual([]);
   expect(r.verdict.doubledRuns, "runs executed twice").toEqual([]);
   expect(r.verdict.timedOutButDone, "runs recorded timed_out that the executor completed").toEqual([]);
   expect(r.report.recoveryMs).not.toBeNull();
-  expect(r.report.recoveryMs!).toBeLessThan(10_000);
+  expect(r.report.recoveryMs!).toBeLessThan(opts.recoveryBoundMs ?? 10_000);
 }
 
