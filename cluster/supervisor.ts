@@ -508,17 +508,13 @@ export class ShardSupervisor {
   }
 
   /**
-   * This node lost PostgreSQL while another live node still reaches it (reconcile decides): its
-   * shards are fenced and their leases given up at once, so that node takes them within a
-   * heartbeat. Without this a node cut off from PostgreSQL alone kept renewing its leases
-   * while its rounds hung (a blackholed connection answers nothing), and its shards fired nothing
-   * for the whole partition. One line for all of them; the outage has its own.
-   */
-  /**
-   * Cut off from PostgreSQL while another live node reaches it: that node should run the shards.
-   * (Alone, or when every node fails it, the shards stay and their rounds retry, as before.)
-   * Checked on every kick (each heartbeat, each dependency change), not inside reconcile: a
-   * reconcile reads pins from PostgreSQL and waits as long as PostgreSQL does.
+   * Cut off from PostgreSQL while another live node reaches it: that node should run the shards,
+   * so they are fenced and their leases given up at once (one `shards:given-up` line; the outage
+   * has its own). Without this a node cut off from PostgreSQL alone kept renewing its leases while
+   * its rounds hung (a blackholed connection answers nothing), and its shards fired nothing for the
+   * whole partition. Alone, or when every node fails it, the shards stay and their rounds retry,
+   * as before. Checked on every kick (each heartbeat, each dependency change), not inside
+   * reconcile: a reconcile reads pins from PostgreSQL and waits as long as PostgreSQL does.
    */
   private givePostgresLessShardsUp(): void {
     const pgDown = this.o.failing?.().postgres;
