@@ -70,7 +70,7 @@ describe("faults: partitions (two nodes, one cut off from one server)", () => {
     // Firing is back for every task once the completions delivered to the cut-off node just
     // before the cut reach the new owner: its events consumer redelivers them after its ack wait
     // (10 s) to the live nodes' drain (every 5 s). Until then an overlap-forbid task whose last run
-    // is among them looks running and waits (measured 2.2-10.1 s from the cut).
+    // is among them looks running and waits (measured 2.2-13.7 s from the cut).
     expectHealthy(r, { recoveryBoundMs: 10_000 + 5_000 + LEASE_TTL_MS });
     expect(t.staleFires).toEqual([]);
     // Its leases expire TTL after its last renewal (renewals every TTL/3), then the other node loads the shards.
