@@ -189,14 +189,20 @@ export class NatsCluster {
   static async start(): Promise<NatsCluster> {
     const ports = await Promise.all([0, 1, 2].map(async () => ({ port: await freePort(), cluster: await freePort(), monitor: await freePort() })));
     const servers = ports.map((p, i) => new NatsClusterServer(p.port, p.cluster, p.monitor, `n${i + 1}`, ports.map((q) => q.cluster).filter((c) => c !== p.cluster)));
-    await Promise.all(servers.map((s) => s.startServer()));
     const c = new NatsCluster(servers);
-    // JetStream answers only once the meta group has a leader and every peer is current.
-    await waitFor(async () => {
-      const leader = c.byName((await servers[0]!.jsz()).meta_cluster?.leader ?? "");
-      // Only the leader lists its peers.
-      return !!leader && ((await leader.jsz()).meta_cluster?.replicas ?? []).filter((r) => r.current).length === 2;
-    }, 30_000, "the NATS cluster's meta leader");
+    try {
+      const started = await Promise.allSettled(servers.map((s) => s.startServer()));
+      for (const r of started) if (r.status === "rejected") throw r.reason;
+      // JetStream answers only once the meta group has a leader and every peer is current.
+      await waitFor(async () => {
+        const leader = c.byName((await servers[0]!.jsz()).meta_cluster?.leader ?? "");
+        // Only the leader lists its peers.
+        return !!leader && ((await leader.jsz()).meta_cluster?.replicas ?? []).filter((r) => r.current).length === 2;
+      }, 30_000, "the NATS cluster's meta leader");
+    } catch (e) {
+      await c.destroy(); // nothing of a cluster that did not form is left running
+      throw e;
+    }
     return c;
   }
   get url(): string { return this.servers.map((s) => s.url).join(","); }
@@ -299,7 +305,13 @@ export class FaultRig {
   nodeId(i: number): string { return `${this.name}-n${i + 1}`; }
 
   async start(): Promise<void> {
-    [this.pg, this.redis, this.nats] = await Promise.all([PgServer.start(), RedisServer.start(), this.opts.natsCluster ? NatsCluster.start() : NatsServer.start()]);
+    // Settled, not Promise.all: when one fails to start, the others are kept for teardown() to
+    // stop (they were left running after a failed start).
+    const [pgS, redisS, natsS] = await Promise.allSettled([PgServer.start(), RedisServer.start(), this.opts.natsCluster ? NatsCluster.start() : NatsServer.start()]);
+    if (pgS.status === "fulfilled") this.pg = pgS.value;
+    if (redisS.status === "fulfilled") this.redis = redisS.value;
+    if (natsS.status === "fulfilled") this.nats = natsS.value;
+    for (const r of [pgS, redisS, natsS]) if (r.status === "rejected") throw r.reason;
     for (let i = 0; i < (this.opts.nodes ?? 1); i++) {
       const port = await freePort();
       const logFile = i === 0 ? this.logFile : join(this.logDir, `${this.name}-node${i + 1}.log`);
