@@ -12,7 +12,8 @@ export interface ShardHandle {
   readonly shard: number;
   readonly epoch: number;
   stop(): Promise<void>;
-  fence(): void;
+  /** Stops the actor at once (nothing more fires or is written); `reason` is logged. */
+  fence(reason?: string): void;
 }
 
 export interface SupervisorOptions {
@@ -239,6 +240,7 @@ export class ShardSupervisor {
   /** Runs a reconcile now (or right after the running one). */
   kick(): void {
     if (this.stopping) return;
+    this.givePostgresLessShardsUp();
     if (this.reconciling) { this.again = true; return; }
     this.reconciling = this.reconcile().catch((e) => this.o.log.error({ err: String(e) }, "reconcile failed"))
       .finally(() => { this.reconciling = null; if (this.again) { this.again = false; this.kick(); } });
@@ -310,7 +312,14 @@ export class ShardSupervisor {
     const live = new Set(this.members.live().map((m) => m.id));
     for (const g of this.passedOver()) live.delete(g);
     if (this.stopping) live.delete(this.o.nodeId); else live.add(this.o.nodeId);
-    const nodes = [...live].filter((n) => !this.drained.has(n));
+    let nodes = [...live].filter((n) => !this.drained.has(n));
+    // A node that cannot reach PostgreSQL (its heartbeat says so) cannot write a round: left out,
+    // so its shards go to nodes that can instead of waiting for it (a node cut off from PostgreSQL
+    // alone still heartbeats). Unless every node fails it: then nobody can do better, and the
+    // assignment stays as it was. (Without Redis a node's wheels keep firing; without NATS it
+    // sends no heartbeat and drops out anyway.)
+    const able = nodes.filter((n) => !this.failsPostgres(n));
+    if (able.length) nodes = able;
     const owners = this.view.owners();
     for (const s of this.leases.heldShards()) owners.set(s, this.o.nodeId);
     const sticky = new Map<number, string>();
@@ -326,6 +335,10 @@ export class ShardSupervisor {
     return { target: assignShards({ shardCount: this.o.shardCount, nodes, owners: sticky, pins }), owners, nodes, live };
   }
 
+  private failsPostgres(n: string): boolean {
+    return (n === this.o.nodeId ? this.o.failing?.() : this.members.get(n)?.failing)?.postgres !== undefined;
+  }
+
   private async reconcile(): Promise<void> {
     if (this.stopping) return;
     this.members.sweep();
@@ -337,7 +350,10 @@ export class ShardSupervisor {
     if (this.watchGhosts(target, owners)) ({ target, owners, nodes, live } = this.desired());
     if (!nodes.length) return; // everyone drained: keep what is owned rather than stop everything
     this.finishPlans(owners);
-    const notReady = new Set(this.members.live().filter((m) => m.ready === false).map((m) => m.id));
+    // Nor to a node that says it cannot reach a server: after a partition heals, a node still
+    // reconnecting was handed shards it could not take, and they sat unowned until its lease
+    // view caught up (3 s at TTL 3 s).
+    const notReady = new Set(this.members.live().filter((m) => m.ready === false || Object.keys(m.failing ?? {}).length > 0).map((m) => m.id));
     for (const [s, h] of [...this.owned]) {
       const to = target.get(s);
       if (to === undefined || to === this.o.nodeId || this.busy.has(s)) continue;
@@ -489,6 +505,30 @@ export class ShardSupervisor {
     this.failed(shard);
     if (this.leases.get(shard)?.epoch === h.epoch) await this.leases.release(shard);
     this.kick();
+  }
+
+  /**
+   * Cut off from PostgreSQL while another live node reaches it: that node should run the shards,
+   * so they are fenced and their leases given up at once (one `shards:given-up` line; the outage
+   * has its own). Without this a node cut off from PostgreSQL alone kept renewing its leases while
+   * its rounds hung (a blackholed connection answers nothing), and its shards fired nothing for the
+   * whole partition. Alone, or when every node fails it, the shards stay and their rounds retry,
+   * as before. Checked on every kick (each heartbeat, each dependency change), not inside
+   * reconcile: a reconcile reads pins from PostgreSQL and waits as long as PostgreSQL does.
+   */
+  private givePostgresLessShardsUp(): void {
+    const pgDown = this.o.failing?.().postgres;
+    if (pgDown === undefined || !this.owned.size) return;
+    if (!this.members.live().some((m) => m.id !== this.o.nodeId && !m.stopping && !this.failsPostgres(m.id))) return;
+    void this.giveUpAll(`postgres unreachable: ${pgDown}`);
+  }
+
+  private async giveUpAll(reason: string): Promise<void> {
+    const all = [...this.owned];
+    if (!all.length || this.stopping) return;
+    this.o.log.warn({ shards: all.map(([s]) => s), epochs: all.map(([, h]) => h.epoch), reason }, "shards:given-up");
+    for (const [s, h] of all) { this.owned.delete(s); h.fence(reason); }
+    await Promise.allSettled(all.map(async ([s, h]) => { if (this.leases.get(s)?.epoch === h.epoch) await this.leases.release(s); }));
   }
 
   /** Moves per the non-sticky ideal assignment (what `ax shards rebalance` applies). */

@@ -123,8 +123,9 @@ export class AxNode {
     const kv = await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1, replicas: c.replicas }));
     this.health = new DependencyHealth({
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
-      // Back: start the shards that waited for it now rather than on the next heartbeat.
-      onChange: (_d, up) => { if (up) this.supervisor?.kick(); },
+      // Back: start the shards that waited for it now rather than on the next heartbeat. Lost:
+      // reconcile now (PostgreSQL lost while another node reaches it: the shards go there).
+      onChange: () => { this.supervisor?.kick(); },
     });
     this.health.start();
     // The bucket's max age is what really expires leases; it was fixed by the node that created
@@ -303,7 +304,7 @@ export class AxNode {
     return {
       shard, epoch,
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
-      fence: () => { sub.unsubscribe(); actor.fence(); forget(); },
+      fence: (reason) => { sub.unsubscribe(); actor.fence(reason); forget(); },
     };
   }
 

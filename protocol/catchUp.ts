@@ -10,17 +10,27 @@ export interface ConsumerProgress {
   consumer(): Promise<{ pending: number; ackPending: number; ackFloorSeq: number }>;
 }
 
-export function jetStreamProgress(js: JetStreamClient, stream: string, ...durables: string[]): ConsumerProgress {
+/**
+ * `durables` is asked on every check (the list can grow once a shard knows its previous owner).
+ * A durable in `optional` that does not exist (a gone node's consumer, deleted) counts as caught up.
+ */
+export function jetStreamProgress(js: JetStreamClient, stream: string, durables: () => string[], optional: (durable: string) => boolean = () => false): ConsumerProgress {
   const cs = new Map<string, Consumer>();
   return {
     async streamLastSeq() { return (await (await js.streams.get(stream)).info()).state.last_seq; },
-    // Several durables (a shard's own and its node's): caught up only when all are.
+    // Several durables (a shard's own, its node's, its previous owner's): caught up only when all are.
     async consumer() {
       let pending = 0; let ackPending = 0; let ackFloorSeq = Infinity;
-      for (const d of durables) {
-        let c = cs.get(d);
-        if (!c) { c = await js.consumers.get(stream, d); cs.set(d, c); }
-        const i = await c.info();
+      for (const d of durables()) {
+        let i;
+        try {
+          let c = cs.get(d);
+          if (!c) { c = await js.consumers.get(stream, d); cs.set(d, c); }
+          i = await c.info();
+        } catch (e) {
+          if (optional(d) && /not found/i.test(String((e as Error)?.message ?? e))) continue;
+          throw e;
+        }
         pending += i.num_pending; ackPending += i.num_ack_pending; ackFloorSeq = Math.min(ackFloorSeq, i.ack_floor.stream_seq);
       }
       return { pending, ackPending, ackFloorSeq: Number.isFinite(ackFloorSeq) ? ackFloorSeq : 0 };

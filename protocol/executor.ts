@@ -80,7 +80,7 @@ export interface ExecutorOptions {
 
 const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
 /** Lifetime of each pull request on the dispatch consumer (see start()). */
-const DISPATCH_PULL_EXPIRES_MS = 5000;
+const DISPATCH_PULL_EXPIRES_MS = 2000;
 /** How often the sweeper checks active runs for their timeout and heartbeat (heartbeats are >= 250 ms apart). */
 const SWEEP_MS = 50;
 
@@ -162,7 +162,8 @@ const routeOf = (batch: DispatchBatch, run: DispatchRun): Route =>
  * Delivery is at least once; the effect is once per run id within an instance:
  * - a run id already finished here (its ack was lost, the batch came back) is not run again;
  * - a run id running here is not started a second time;
- * - a redelivered run whose deadline (fired + timeout) has passed is dropped: the scheduler
+ * - a run delivered after its deadline (fired + timeout) starts only if the cluster says it is
+ *   still `running` (run.check): otherwise, or if no node answers, it is dropped — the scheduler
  *   has timed it out and owns its retry.
  * A dispatch message is acked only after every run in it finished and their events were
  * stored by JetStream, and kept alive with in-progress acks while runs take long.
@@ -253,10 +254,11 @@ export class Executor {
     this.listenForCancels();
     this.startHeartbeats();
     const consumer = await this.js.consumers.get(this.n.dispatchStream, durable);
-    // Pulls of 5 s (idle heartbeats every 2.5 s), not the client's default 30 s: a pull request
+    // Pulls of 2 s (idle heartbeats every 1 s), not the client's default 30 s: a pull request
     // held by a server that dies (a consumer leader killed on a cluster, while this instance's own
     // server stays up, so no reconnect tells it) is noticed after two missed heartbeats and
-    // re-issued, within 5 s instead of 30 s of undelivered dispatches.
+    // re-issued, within 2 s instead of 30 s of undelivered dispatches (5 s pulls added 5 s to the
+    // recovery from a killed NATS leader; an idle instance's pull every 2 s costs nothing).
     const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)), expires: DISPATCH_PULL_EXPIRES_MS });
     this.stopConsume = () => { void messages.close(); };
     this.loop = (async () => {
@@ -319,23 +321,29 @@ export class Executor {
     try {
       const runs: Array<Promise<void>> = [];
       const now = Date.now();
+      const expired = new Map<string, string>();
       for (const run of batch.runs) {
         if (this.finished.has(run.runId) || this.finishedOld.has(run.runId) || this.active.has(run.runId) || this.claimed.has(run.runId)) { this.stats.duplicates++; continue; }
-        // Past its deadline the scheduler has timed the run out and owns its retry: never started,
-        // on a first delivery (queued while no instance ran) as on a redelivery.
+        // Past its deadline the scheduler has normally timed the run out and owns its retry. But
+        // the deadline is only the dispatch's estimate: a dispatch that waited out a NATS leader
+        // election (its publish retried, the consumer re-elected) arrives late while the shard,
+        // which held the timeout meanwhile, still has it `running`. run.check decides below;
+        // without an answer it is refused, on a first delivery as on a redelivery.
         const deadline = run.deadline ?? run.firedAt + run.timeoutMs;
-        if (now > deadline) {
-          this.stats.expired++;
-          this.refuseStale(batch, run, `expired: its deadline ${new Date(deadline).toISOString()} passed ${now - deadline} ms before it was delivered${m.info.deliveryCount > 1 ? ` (delivery ${m.info.deliveryCount})` : ""}`);
-          continue;
-        }
+        if (now > deadline) expired.set(run.runId, `expired: its deadline ${new Date(deadline).toISOString()} passed ${now - deadline} ms before it was delivered${m.info.deliveryCount > 1 ? ` (delivery ${m.info.deliveryCount})` : ""}`);
         fresh.push(run);
         this.claimed.add(run.runId);
       }
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
-      const suspect = fresh.filter((r) => m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
-      const verdicts = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
+      const suspect = fresh.filter((r) => expired.has(r.runId) || m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
+      const verdicts: Map<string, string> & { answered?: boolean } = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
       for (const run of fresh) {
+        const late = expired.get(run.runId);
+        if (late !== undefined && (verdicts.answered === false || verdicts.has(run.runId))) {
+          this.stats.expired++;
+          this.refuseStale(batch, run, verdicts.has(run.runId) ? `${late}; ${verdicts.get(run.runId)}` : late);
+          continue;
+        }
         const why = verdicts.get(run.runId);
         if (why) { this.stats.stale++; this.refuseStale(batch, run, why); continue; }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
@@ -368,14 +376,16 @@ export class Executor {
    * exists at the dispatched generation and no retry superseded them. Answers runId → reason for
    * those that are not. If no node answers, the runs start (as they did before this check).
    */
-  private async checkRuns(runs: DispatchRun[]): Promise<Map<string, string>> {
-    const out = new Map<string, string>();
+  private async checkRuns(runs: DispatchRun[]): Promise<Map<string, string> & { answered?: boolean }> {
+    const out: Map<string, string> & { answered?: boolean } = new Map<string, string>();
+    out.answered = false;
     try {
       const body = encode({ runs: runs.map((r) => ({ runId: r.runId, taskId: r.taskId, ...(r.gen !== undefined ? { gen: r.gen } : {}) })) });
       const m = await this.nc!.request(this.n.apiSubject(`run.check.${this.name}`), body, { timeout: 5000 });
       const env = JSON.parse(utf8.decode(m.data)) as { ok: boolean; value?: { stale?: Record<string, string> }; error?: { message?: string } };
       if (!env.ok) { this.log.warn({ error: env.error?.message }, "run.check refused; the runs start"); return out; }
       for (const [id, why] of Object.entries(env.value?.stale ?? {})) if (typeof why === "string") out.set(id, why);
+      out.answered = true;
     } catch (e) {
       this.log.warn({ err: String((e as Error)?.message ?? e), runs: runs.length }, "run.check unanswered; the runs start");
     }

@@ -175,6 +175,12 @@ interface Round {
 }
 
 const GRACE_MS = 1000;
+
+/** An Ackable that passes on only its first ack or nak. */
+function once(a: Ackable): Ackable {
+  let done = false;
+  return { ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } } };
+}
 /** Inside JetStream's 2-minute duplicate window, with a margin. */
 const REPUBLISH_WINDOW_MS = 100_000;
 
@@ -215,6 +221,8 @@ export class ShardActor implements EventSink {
   /** Places the limiter gave to waiting tasks, not yet used by a dispatch (task → executor). */
   private readonly reserved = new Map<number, string>();
   private mail: Mail[] = [];
+  /** The mail of the round in progress (handed back by fence(), see there). */
+  private inRound: Mail[] = [];
   private processing = false;
   private idle: Promise<void> = Promise.resolve();
   private idleResolve: (() => void) | null = null;
@@ -252,7 +260,13 @@ export class ShardActor implements EventSink {
     this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
     // The shard's events come through its node's consumer (v2) and its own (v1, forwarded): a
     // timeout waits until both have applied what was published before it.
-    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream, shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId)),
+    // And through the previous owner's node consumer: completions of the runs it dispatched reach
+    // this shard only once it forwards them (or, if it is gone, the live nodes' drain does), so
+    // that consumer must have moved past them too. A node cut off from PostgreSQL held such a
+    // completion while its shard moved here, and the run was timed out as if unanswered.
+    const prevConsumer = () => (this.prevOwner.owner && this.prevOwner.owner !== deps.nodeId ? [nodeEventsConsumer(this.prevOwner.owner)] : []);
+    this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream,
+      () => [shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId), ...prevConsumer()], (d) => prevConsumer().includes(d)),
       deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
@@ -356,6 +370,9 @@ export class ShardActor implements EventSink {
       if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is not owned here any more; retry`).toJSON() });
       return;
     }
+    // Settled once: fence() hands back the messages of a round still in progress, and that round
+    // may end later and settle them again (a node-level batch counts its parts' settlements).
+    if (m.t === "events" || m.t === "trigger") m = { ...m, msg: once(m.msg) };
     this.mail.push(m);
     if (!this.processing) {
       this.processing = true;
@@ -379,8 +396,10 @@ export class ShardActor implements EventSink {
     try {
       while (this.mail.length && this.state !== "stopped") {
         const batch = this.mail.splice(0);
+        this.inRound = batch;
         try {
           await this.round(batch);
+          this.inRound = [];
         } catch (e) {
           // The round's decisions are in memory but not durable: the only consistent state is
           // PostgreSQL's. Stop without writing and let the supervisor load the shard afresh
@@ -1155,10 +1174,16 @@ export class ShardActor implements EventSink {
 
   /**
    * Runs recorded `running` that no executor reported starting may never have been published
-   * (the previous owner died between its write and its publish). Their recorded messages are
-   * published again, complete (runs of every shard they carried) and under their recorded ids:
-   * when the first publish did land, JetStream's duplicate window (2 min) drops the copy, so no
-   * run is delivered twice. Older ones are left to time out and follow their retry policy.
+   * (the previous owner died between its write and its publish, or its publish kept failing
+   * until its lease ran out: a NATS cluster electing a new meta and stream leader answers
+   * nothing for 4-9 s). Their recorded messages are published again, complete (runs of every
+   * shard they carried) and under their recorded ids: when the first publish did land,
+   * JetStream's duplicate window (2 min) drops the copy, so no run is delivered twice. Older ones
+   * are left to time out and follow their retry policy.
+   *
+   * A run whose timeout passed while nobody could publish it is published too, with its deadline
+   * counted from now: it never reached an executor, so timing it out would fail (and, without
+   * retries, lose) a run that never had its chance. Its timeout on this shard is reset to match.
    * Messages written before node-level dispatch (one shard each, no record) go out as v1.
    */
   private async republishUnstarted(running: RunRow[], now: number): Promise<number> {
@@ -1167,7 +1192,7 @@ export class ShardActor implements EventSink {
     for (const r of running) {
       const row = this.live.get(r.taskId)?.row;
       if (!row || r.startedMs !== null || !r.dispatchId || r.firedMs === null) continue;
-      if (now - r.firedMs > REPUBLISH_WINDOW_MS || r.firedMs + row.timeoutMs <= now) continue;
+      if (now - r.firedMs > REPUBLISH_WINDOW_MS) continue;
       ids.add(r.dispatchId);
     }
     if (!ids.size) return 0;
@@ -1180,7 +1205,15 @@ export class ShardActor implements EventSink {
       n += m.runs.length;
       const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
         payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id),
-        deadline: (r.firedMs ?? now) + r.timeoutMs, ...(this.live.get(r.taskId) ? { gen: this.live.get(r.taskId)!.row.generation } : {}) }));
+        // From when it goes out (see above); a copy of a publish that did land is dropped anyway.
+        deadline: Math.max(r.firedMs ?? now, now) + r.timeoutMs, ...(this.live.get(r.taskId) ? { gen: this.live.get(r.taskId)!.row.generation } : {}) }));
+      for (const r of runs) {
+        const own = r.shard === this.shard ? this.inFlight.get(r.runId) : undefined;
+        if (own && r.deadline! > r.firedAt + r.timeoutMs) {
+          if (own.ref) this.wheel.cancel(own.ref);
+          own.ref = this.wheel.add(r.deadline!, { k: 1, runId: r.runId });
+        }
+      }
       // Recorded ahead of their due time by the previous owner: published at it, never before.
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs)
         .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
@@ -1302,11 +1335,15 @@ export class ShardActor implements EventSink {
     this.inFlight.clear();
     this.waitingForCapacity.clear();
     this.releaseReserved();
-    for (const m of this.mail) {
-      if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() });
+    // The round in progress too: it may hang on a server this node cannot reach (a partition from
+    // PostgreSQL), and the events it holds (completions of runs whose timeouts the next owner
+    // counts) must reach the next owner now, not after the ack wait.
+    for (const m of [...this.inRound, ...this.mail]) {
+      if (m.t === "cmd") { if (this.mail.includes(m)) m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() }); }
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
     }
     this.mail = [];
+    this.inRound = [];
     this.log.warn({ reason }, reason === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
   }
 }

@@ -65,6 +65,14 @@ export interface StoreOptions { pgUrl: string; schema: string; poolSize?: number
  * PostgreSQL access for one namespace. PostgreSQL is the truth; every write a shard actor
  * makes goes through `writeBatch`, which is fenced by the shard's epoch.
  */
+/**
+ * A PostgreSQL behind a network partition answers nothing (no reset): without these a query or
+ * a connect waited forever, and so did the round or start that made it. The query bound is far
+ * above any query ax makes (a batch write takes milliseconds, a migration seconds); it only ends
+ * a wait for a server that is gone. TCP keep-alive finds dead connections in the pool.
+ */
+const PARTITION_TIMEOUTS = { connectionTimeoutMillis: 10_000, query_timeout: 60_000, keepAlive: true, keepAliveInitialDelayMillis: 10_000 };
+
 export class Store {
   readonly pool: pg.Pool;
   private readonly writePool: pg.Pool;
@@ -82,13 +90,14 @@ export class Store {
       max: opts.poolSize ?? 8,
       options: `-c search_path=${quoteIdent(opts.schema)}`,
       application_name: `ax:${opts.schema}`,
+      ...PARTITION_TIMEOUTS,
     });
     // An idle client losing its connection must not crash the node; the next query reconnects.
     this.pool.on("error", () => undefined);
     // Fenced batch writes: pipelined (every statement of a batch on the wire at once).
     this.writePool = new pg.Pool({
       connectionString: opts.pgUrl, max: 2, options: `-c search_path=${quoteIdent(opts.schema)}`,
-      application_name: `ax:${opts.schema}`, pipeline: true,
+      application_name: `ax:${opts.schema}`, pipeline: true, ...PARTITION_TIMEOUTS,
     } as pg.PoolConfig);
     this.writePool.on("error", () => undefined);
     // A client checked out when its connection dies (postmaster killed, `pg_ctl stop -m fast`)

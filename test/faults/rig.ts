@@ -158,14 +158,132 @@ export class NatsServer extends ProcServer {
   protected async ready(): Promise<void> { await waitFor(() => portAnswers(this.port), 10_000, `nats on ${this.port}`); }
 }
 
+/**
+ * One server of a 3-node JetStream cluster (routes on loopback, its own store dir and a
+ * monitoring port for /jsz, which names the meta leader).
+ */
+export class NatsClusterServer extends ProcServer {
+  constructor(port: number, readonly clusterPort: number, readonly monitorPort: number, readonly serverName: string, private readonly routes: number[]) { super(port); }
+  get url(): string { return `nats://127.0.0.1:${this.port}`; }
+  protected argv(): [string, string[]] {
+    const conf = join(this.dir, "nats.conf");
+    writeFileSync(conf, [
+      `server_name: ${this.serverName}`, `listen: 127.0.0.1:${this.port}`, `http: 127.0.0.1:${this.monitorPort}`,
+      `jetstream { store_dir: "${join(this.dir, "js")}", max_memory_store: 64MB, max_file_store: 1GB }`,
+      `cluster { name: axfault, listen: 127.0.0.1:${this.clusterPort}, routes: [${this.routes.map((p) => `nats-route://127.0.0.1:${p}`).join(", ")}] }`,
+    ].join("\n") + "\n");
+    return ["nats-server", ["-c", conf]];
+  }
+  protected async ready(): Promise<void> { await waitFor(() => portAnswers(this.port), 10_000, `nats ${this.serverName} on ${this.port}`); }
+  alive(): boolean { return !!this.proc && this.proc.exitCode === null && this.proc.signalCode === null; }
+  /** The monitoring endpoint's JetStream view (meta leader, cluster size). */
+  async jsz(): Promise<{ meta_cluster?: { leader?: string; cluster_size?: number; replicas?: Array<{ name: string; current: boolean }> } }> {
+    const r = await fetch(`http://127.0.0.1:${this.monitorPort}/jsz`);
+    return await r.json() as never;
+  }
+}
+
+/** Three clustered nats-servers with JetStream; `url` lists them all (the client fails over). */
+export class NatsCluster {
+  private constructor(readonly servers: NatsClusterServer[]) {}
+  static async start(): Promise<NatsCluster> {
+    const ports = await Promise.all([0, 1, 2].map(async () => ({ port: await freePort(), cluster: await freePort(), monitor: await freePort() })));
+    const servers = ports.map((p, i) => new NatsClusterServer(p.port, p.cluster, p.monitor, `n${i + 1}`, ports.map((q) => q.cluster).filter((c) => c !== p.cluster)));
+    const c = new NatsCluster(servers);
+    try {
+      const started = await Promise.allSettled(servers.map((s) => s.startServer()));
+      for (const r of started) if (r.status === "rejected") throw r.reason;
+      // JetStream answers only once the meta group has a leader and every peer is current.
+      await waitFor(async () => {
+        const leader = c.byName((await servers[0]!.jsz()).meta_cluster?.leader ?? "");
+        // Only the leader lists its peers.
+        return !!leader && ((await leader.jsz()).meta_cluster?.replicas ?? []).filter((r) => r.current).length === 2;
+      }, 30_000, "the NATS cluster's meta leader");
+    } catch (e) {
+      await c.destroy(); // nothing of a cluster that did not form is left running
+      throw e;
+    }
+    return c;
+  }
+  get url(): string { return this.servers.map((s) => s.url).join(","); }
+  live(): NatsClusterServer[] { return this.servers.filter((s) => s.alive()); }
+  byName(name: string): NatsClusterServer | undefined { return this.servers.find((s) => s.serverName === name); }
+  async metaLeader(): Promise<string | null> {
+    for (const s of this.live()) { try { const l = (await s.jsz()).meta_cluster?.leader; if (l) return l; } catch { /* next */ } }
+    return null;
+  }
+  async destroy(): Promise<void> { await Promise.allSettled(this.servers.map((s) => s.destroy())); }
+}
+
+/**
+ * node → proxy → server on loopback, for partitions: `cut()` blackholes it (connections stay
+ * open and nothing passes either way, new ones are accepted and never forwarded: what a node
+ * sees when the network between it and the server drops packets); `heal()` lets traffic pass
+ * again and resets the connections of the cut (their bytes were dropped, as TCP gives up on
+ * them after a long partition), so clients reconnect.
+ */
+export class CuttableProxy {
+  private readonly pairs = new Set<{ client: Socket; upstream: Socket | null }>();
+  private cutNow = false;
+  private constructor(private readonly server: ReturnType<typeof createServer>, readonly port: number) {}
+
+  static async start(targetPort: number): Promise<CuttableProxy> {
+    let self: CuttableProxy | null = null;
+    const server = createServer((client) => {
+      const pair = { client, upstream: null as Socket | null };
+      self!.pairs.add(pair);
+      const close = () => { client.destroy(); pair.upstream?.destroy(); self!.pairs.delete(pair); };
+      client.on("error", () => undefined);
+      client.on("close", close);
+      if (self!.cutNow) { client.on("data", () => undefined); return; } // held: never reaches the server
+      const up = new Socket();
+      pair.upstream = up;
+      up.on("error", () => undefined);
+      up.on("close", close);
+      up.connect(targetPort, "127.0.0.1");
+      client.on("data", (d) => { if (!self!.cutNow) up.write(d); });
+      up.on("data", (d) => { if (!self!.cutNow) client.write(d); });
+    });
+    const port = await new Promise<number>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(0, "127.0.0.1", () => resolve((server.address() as { port: number }).port));
+    });
+    self = new CuttableProxy(server, port);
+    return self;
+  }
+
+  cut(): void { this.cutNow = true; }
+  heal(): void {
+    this.cutNow = false;
+    for (const p of [...this.pairs]) { p.client.destroy(); p.upstream?.destroy(); }
+  }
+  async close(): Promise<void> {
+    this.heal();
+    await new Promise((r) => this.server.close(r));
+  }
+}
+
 /** Everything one fault scenario runs: its servers, an `ax node` process, an executor and a workload. */
 export interface Completion { runId: string; task: string; scheduledAt: number; startedAt: number; finishedAt: number }
+
+export interface RigOptions {
+  /** Three clustered nats-servers (JetStream, AX_REPLICAS=3) instead of one. */
+  natsCluster?: boolean;
+  /** How many `ax node` processes (default 1). */
+  nodes?: number;
+  /** Environment of node `i` on top of `env` (a partition test points a node at its proxies). */
+  nodeEnv?: (i: number, rig: FaultRig) => Promise<Record<string, string>>;
+}
 
 export class FaultRig {
   pg!: PgServer;
   redis!: RedisServer;
-  nats!: NatsServer;
+  nats!: NatsServer | NatsCluster;
+  /** The first node (the one single-node scenarios look at). */
   node: ChildProcess | null = null;
+  readonly nodes: ChildProcess[] = [];
+  readonly logFiles: string[] = [];
+  readonly httpPorts: number[] = [];
   executor: Executor | null = null;
   client: AxClient | null = null;
   readonly completions: Completion[] = [];
@@ -174,24 +292,40 @@ export class FaultRig {
   private readonly logDir = mkdtempSync(join(tmpdir(), "ax-fault-log-"));
   httpPort = 0;
 
-  constructor(readonly name: string) { this.logFile = join(this.logDir, `${name}-node.log`); }
+  constructor(readonly name: string, readonly opts: RigOptions = {}) { this.logFile = join(this.logDir, `${name}-node.log`); }
 
   get env(): Record<string, string> {
     return {
       AX_NATS_URL: this.nats.url, AX_REDIS_URL: this.redis.url, AX_PG_URL: this.pg.url, AX_NAMESPACE: this.ns,
       AX_SHARDS: "4", AX_HEARTBEAT: "200ms", AX_LEASE_TTL: "3s", AX_TICK: "10ms", AX_LOG_LEVEL: process.env.AX_FAULT_LOG ?? "info",
+      ...(this.opts.natsCluster ? { AX_REPLICAS: "3" } : {}),
     };
   }
 
+  nodeId(i: number): string { return `${this.name}-n${i + 1}`; }
+
   async start(): Promise<void> {
-    [this.pg, this.redis, this.nats] = await Promise.all([PgServer.start(), RedisServer.start(), NatsServer.start()]);
-    this.httpPort = await freePort();
-    this.node = spawn(process.execPath, ["bin/ax.mjs", "node", "--id", `${this.name}-n1`, "--http", String(this.httpPort)], {
-      env: { ...process.env, ...this.env }, cwd: process.cwd(), stdio: ["ignore", "ignore", "pipe"],
-    });
-    this.node.stderr!.pipe(createWriteStream(this.logFile));
+    // Settled, not Promise.all: when one fails to start, the others are kept for teardown() to
+    // stop (they were left running after a failed start).
+    const [pgS, redisS, natsS] = await Promise.allSettled([PgServer.start(), RedisServer.start(), this.opts.natsCluster ? NatsCluster.start() : NatsServer.start()]);
+    if (pgS.status === "fulfilled") this.pg = pgS.value;
+    if (redisS.status === "fulfilled") this.redis = redisS.value;
+    if (natsS.status === "fulfilled") this.nats = natsS.value;
+    for (const r of [pgS, redisS, natsS]) if (r.status === "rejected") throw r.reason;
+    for (let i = 0; i < (this.opts.nodes ?? 1); i++) {
+      const port = await freePort();
+      const logFile = i === 0 ? this.logFile : join(this.logDir, `${this.name}-node${i + 1}.log`);
+      const extra = this.opts.nodeEnv ? await this.opts.nodeEnv(i, this) : {};
+      const child = spawn(process.execPath, ["bin/ax.mjs", "node", "--id", this.nodeId(i), "--http", String(port)], {
+        env: { ...process.env, ...this.env, ...extra }, cwd: process.cwd(), stdio: ["ignore", "ignore", "pipe"],
+      });
+      child.stderr!.pipe(createWriteStream(logFile));
+      this.nodes.push(child); this.logFiles.push(logFile); this.httpPorts.push(port);
+    }
+    this.node = this.nodes[0]!;
+    this.httpPort = this.httpPorts[0]!;
     this.executor = new Executor({
-      name: "fx", namespace: this.ns, natsUrl: this.nats.url, concurrency: 256, eventFlushMs: 2,
+      name: "fx", namespace: this.ns, natsUrl: this.nats.url, concurrency: 256, eventFlushMs: 2, ...(this.opts.natsCluster ? { replicas: 3 } : {}),
       handler: async (ctx: RunContext) => {
         const startedAt = Date.now();
         await sleep(50);
@@ -214,7 +348,7 @@ export class FaultRig {
   private async whileNodeAlive(fn: () => Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!(await fn())) {
-      if (!this.nodeAlive()) throw new Error(`ax node exited (${this.node?.exitCode ?? this.node?.signalCode}) while waiting for ${what}; log: ${readFileSync(this.logFile, "utf8").slice(-2000)}`);
+      if (!this.nodeAlive()) throw new Error(`ax node exited (${this.nodes.map((n) => n.exitCode ?? n.signalCode).join(",")}) while waiting for ${what}; log: ${readFileSync(this.logFile, "utf8").slice(-2000)}`);
       if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}; node log: ${readFileSync(this.logFile, "utf8").slice(-1000)}`);
       await sleep(200);
     }
@@ -225,7 +359,8 @@ export class FaultRig {
     return { status: r.status, body: await r.json() };
   }
 
-  nodeAlive(): boolean { return !!this.node && this.node.exitCode === null && this.node.signalCode === null; }
+  /** Every node process still runs. */
+  nodeAlive(): boolean { return this.nodes.length > 0 && this.nodes.every((n) => n.exitCode === null && n.signalCode === null); }
 
   /** `every` every-second tasks and `oneShots` one-shots spread over the next `windowMs`. */
   async workload(every: number, oneShots: number, windowMs: number): Promise<{ oneShotNames: string[]; everyNames: string[] }> {
@@ -294,7 +429,7 @@ export class FaultRig {
 
   /** The shard event consumers' positions and the events stream (printed when a completion went unread). */
   async natsDiagnostics(): Promise<void> {
-    const nc = await connect({ servers: this.nats.url });
+    const nc = await connect({ servers: this.nats.url.split(",") });
     try {
       const jsm = await jetstreamManager(nc);
       const si = await jsm.streams.info("FAULT_EVENTS", { subjects_filter: ">" });
@@ -307,10 +442,13 @@ export class FaultRig {
     } finally { await nc.close(); }
   }
 
+  /** Every node's log lines (`node` is the node's id in each line pino writes). */
   logLines(): Array<Record<string, unknown>> {
-    try {
-      return readFileSync(this.logFile, "utf8").split("\n").filter(Boolean).map((l) => { try { return JSON.parse(l) as Record<string, unknown>; } catch { return { msg: l }; } });
-    } catch { return []; }
+    return (this.logFiles.length ? this.logFiles : [this.logFile]).flatMap((f) => {
+      try {
+        return readFileSync(f, "utf8").split("\n").filter(Boolean).map((l) => { try { return JSON.parse(l) as Record<string, unknown>; } catch { return { msg: l }; } });
+      } catch { return []; }
+    });
   }
 
   /** A short account of what the node logged about the fault (for the test's output). */
@@ -326,11 +464,11 @@ export class FaultRig {
   }
 
   async teardown(): Promise<void> {
-    if (this.nodeAlive()) {
-      const exited = new Promise((r) => this.node!.once("exit", r));
-      this.node!.kill("SIGKILL");
-      await exited;
-    }
+    await Promise.all(this.nodes.filter((n) => n.exitCode === null && n.signalCode === null).map((n) => {
+      const exited = new Promise((r) => n.once("exit", r));
+      n.kill("SIGKILL");
+      return exited;
+    }));
     await this.executor?.stop().catch(() => undefined);
     await this.client?.close().catch(() => undefined);
     await Promise.allSettled([this.redis?.destroy(), this.nats?.destroy()]);
@@ -359,10 +497,11 @@ export interface ScenarioReport {
  * 20 s; `fault` breaks something about 3 s in and resolves with the time the server answered
  * again. Then waits for every one-shot and for firing to be back, and returns the figures.
  */
-export async function runScenario(name: string, fault: (rig: FaultRig) => Promise<number>): Promise<{ rig: FaultRig; report: ScenarioReport; verdict: Awaited<ReturnType<FaultRig["verdict"]>> }> {
-  const rig = new FaultRig(name);
+export async function runScenario(name: string, fault: (rig: FaultRig) => Promise<number>, opts: RigOptions & { prepare?: (rig: FaultRig) => Promise<void> } = {}): Promise<{ rig: FaultRig; report: ScenarioReport; verdict: Awaited<ReturnType<FaultRig["verdict"]>> }> {
+  const rig = new FaultRig(name, opts);
   try {
     await rig.start();
+    await opts.prepare?.(rig);
     const { everyNames, oneShotNames } = await rig.workload(20, 100, 20_000);
     await waitFor(() => rig.recoveryMs(Date.now() - 1500, everyNames) !== null, 15_000, "every task firing before the fault");
     const backAt = await fault(rig);
@@ -390,13 +529,13 @@ export async function runScenario(name: string, fault: (rig: FaultRig) => Promis
 }
 
 /** The assertions every fault scenario shares (see test/faults.ts for the workload). */
-export function expectHealthy(r: Awaited<ReturnType<typeof runScenario>>): void {
+export function expectHealthy(r: Awaited<ReturnType<typeof runScenario>>, opts: { recoveryBoundMs?: number } = {}): void {
   expect(r.report.nodeAlive).toBe(true);
   expect(r.verdict.lost, "one-shots that never ran").toEqual([]);
   expect(r.verdict.doubledSlots, "slots with more than one run").toEqual([]);
   expect(r.verdict.doubledRuns, "runs executed twice").toEqual([]);
   expect(r.verdict.timedOutButDone, "runs recorded timed_out that the executor completed").toEqual([]);
   expect(r.report.recoveryMs).not.toBeNull();
-  expect(r.report.recoveryMs!).toBeLessThan(10_000);
+  expect(r.report.recoveryMs!).toBeLessThan(opts.recoveryBoundMs ?? 10_000);
 }
 

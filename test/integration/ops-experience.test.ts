@@ -107,6 +107,23 @@ describe("stale work is not run (item 4)", () => {
   }, 180_000);
 });
 
+describe("runs delivered past their deadline (NATS leader elections)", () => {
+  it("a run delivered after its deadline starts when run.check does not name it (the cluster still has it running), instead of being refused outright", async () => {
+    const ran: string[] = [];
+    const ex = await tc.startExecutor("late2", (ctx: RunContext) => { ran.push(ctx.runId); });
+    await ex.registered;
+    await client.call("task.create", { name: "late-ok", executor: "late2", delay: "1h", timeout: "1m" });
+    const taskId = (await client.call<{ id: number }>("task.show", { task: "late-ok" })).id;
+    // As a dispatch that waited out an election arrives: fired 70 s ago, its deadline 10 s past.
+    const now = Date.now();
+    const run = { runId: `r-late-${now}`, taskId, taskName: "late-ok", attempt: 1, source: "manual", payload: null,
+      scheduledAt: now - 70_000, firedAt: now - 70_000, timeoutMs: 60_000, deadline: now - 10_000, gen: 0 };
+    await jetstream(nc).publish(n.dispatchSubject("late2"), encode({ v: 1, shard: 0, epoch: 1, node: "test", runs: [run] }), { msgID: `d:late:${now}` });
+    await waitFor(() => ran.includes(run.runId), 10_000, "the late run started");
+    expect(ex.stats.expired).toBe(0);
+  }, 60_000);
+});
+
 describe("run --wait and run cancel (item 4)", () => {
   it("--wait exits 0 on success, 5 after a cancel; cancel aborts the handler's signal and ends the chain", async () => {
     const reasons: unknown[] = [];
