@@ -39,6 +39,7 @@ const RELEASE_STEP_MS = 2;
 const MAX_RELEASE_WAIT_MS = 10_000;
 
 interface Message { id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[] }
+interface Queued { write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }
 
 export interface Submitted {
   /** The shard's epoch was no longer current: nothing of its write landed, and none of its runs were published. */
@@ -66,14 +67,19 @@ const BYTES_PER_MESSAGE = 512 * 1024;
  * their shards publishes the whole recorded message again under the same id (ShardActor.start),
  * and JetStream drops the copy if the first publish had landed.
  *
- * Up to `lanes` batches are in flight at once. Order is safe without more: a shard actor submits
- * its next round only after the previous one was written, so one shard never has two writes in
- * flight, and the batches of different shards touch disjoint rows. A second lane only starts
- * while the first is busy, so under load writes still coalesce into large batches.
+ * Up to `lanes` batches are in flight at once. A shard actor may have two rounds submitted (it
+ * decides the next one while the previous is written); a shard's writes are applied in the order
+ * they were submitted: both in one batch (one transaction; the statements apply the rows in
+ * submission order), or the later one in a batch that starts after the earlier one's committed —
+ * a lane never takes a write of a shard another lane is writing. Batches of different shards
+ * touch disjoint rows. A second lane only starts while the first is busy, so under load writes
+ * still coalesce into large batches.
  */
 export class Persister {
-  private queue: Array<{ write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }> = [];
+  private queue: Queued[] = [];
   private inFlight = 0;
+  /** Shards with a write in a batch being written: another lane leaves their next writes queued. */
+  private readonly writingShards = new Set<number>();
   /** Runs whose message is being published (tried again until it lands while their shards are held). */
   private readonly publishing = new Set<string>();
   private readonly lanes: number;
@@ -102,11 +108,18 @@ export class Persister {
   private async drain(): Promise<void> {
     this.inFlight++;
     try {
-      while (this.queue.length) {
-        const batch = this.queue.splice(0, 256);
+      for (;;) {
+        const batch = this.take(256);
+        if (!batch.length) break; // empty, or only shards another lane is writing (it takes them next)
+        const shards = new Set(batch.map((b) => b.write.shard));
+        for (const sh of shards) this.writingShards.add(sh);
         const t0 = performance.now();
+        let messages: Message[] = [];
         try {
-          const messages = this.compose(batch);
+          messages = this.compose(batch);
+          // Held from now on (not only once written): a pause decided by the shard's next round
+          // while this batch is written withdraws its runs before they are published.
+          for (const m of messages) for (const r of m.runs) this.held.set(r.runId, m);
           const createdMs = this.d.clock.now();
           const records: DispatchRecord[] = messages.map((m) => ({ id: m.id, executor: m.executor, node: this.d.nodeId, runIds: m.runs.map((r) => r.runId), createdMs }));
           const { stale } = await this.writeWithRetry(batch.map((b) => b.write), records);
@@ -118,12 +131,27 @@ export class Persister {
           this.stats.rows += batch.reduce((n, b) => n + b.write.runInserts.length + b.write.runUpdates.length + b.write.taskUpdates.length, 0);
           this.stats.lastBatchMs = performance.now() - t0;
         } catch (e) {
+          for (const m of messages) for (const r of m.runs) this.held.delete(r.runId);
           for (const b of batch) b.reject(e);
+        } finally {
+          for (const sh of shards) this.writingShards.delete(sh);
         }
       }
     } finally {
       this.inFlight--;
     }
+    // Writes left queued for a shard that was being written: this lane is free now.
+    if (this.queue.length && this.inFlight + this.starting < this.lanes) { this.starting++; setImmediate(() => { this.starting--; void this.drain(); }); }
+  }
+
+  /** Up to `max` queued writes, in queue order, of shards no lane is writing now. */
+  private take(max: number): Queued[] {
+    if (!this.writingShards.size) return this.queue.splice(0, max);
+    const out: Queued[] = [];
+    const rest: Queued[] = [];
+    for (const q of this.queue) (out.length < max && !this.writingShards.has(q.write.shard) ? out : rest).push(q);
+    this.queue = rest;
+    return out;
   }
 
   /**
@@ -177,11 +205,25 @@ export class Persister {
    */
   withdraw(runId: string): boolean {
     const m = this.held.get(runId);
-    if (!m) return false;
+    if (!m) return this.withdrawQueued(runId);
     this.held.delete(runId);
     m.runs = m.runs.filter((r) => r.runId !== runId);
     this.stats.withdrawn++;
     return true;
+  }
+
+  /** A run of a write still queued (its shard's previous round is being written): taken out of its dispatch. */
+  private withdrawQueued(runId: string): boolean {
+    for (const q of this.queue) {
+      for (const runs of q.dispatch.values()) {
+        const i = runs.findIndex((r) => r.runId === runId);
+        if (i < 0) continue;
+        runs.splice(i, 1);
+        this.stats.withdrawn++;
+        return true;
+      }
+    }
+    return false;
   }
 
   /**
@@ -192,10 +234,15 @@ export class Persister {
   private publish(messages: Message[], stale: ReadonlySet<number>): Promise<void> {
     if (!messages.length) return Promise.resolve();
     return Promise.all(messages.map((m) => {
-      if (stale.size) m.runs = m.runs.filter((r) => !stale.has(r.shard));
+      if (stale.size) {
+        for (const r of m.runs) if (stale.has(r.shard)) this.held.delete(r.runId);
+        m.runs = m.runs.filter((r) => !stale.has(r.shard));
+      }
       if (!m.runs.length) return undefined;
-      if (m.releaseAt <= this.d.clock.now()) return this.release(m);
-      for (const r of m.runs) this.held.set(r.runId, m);
+      if (m.releaseAt <= this.d.clock.now()) {
+        for (const r of m.runs) this.held.delete(r.runId);
+        return this.release(m);
+      }
       this.stats.held += m.runs.length;
       return new Promise<void>((resolve) => atWallTime(this.d.clock, m.releaseAt, () => {
         for (const r of m.runs) this.held.delete(r.runId);

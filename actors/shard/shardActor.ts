@@ -11,7 +11,7 @@ import { HashedWheel, type WheelRef } from "../wheel/index.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
-import { publishDispatch, replayParts, type Persister, type ShardDispatchRun } from "../persister.ts";
+import { publishDispatch, replayParts, type Persister, type ShardDispatchRun, type Submitted } from "../persister.ts";
 import { backoffMs, compiledOf, countTaken, endedReason, nextPointer, type Pointer } from "./schedule.ts";
 import { CalendarCache } from "./calendars.ts";
 import { applyDefinitionChange, type DefinitionChange } from "./update.ts";
@@ -175,6 +175,8 @@ interface Round {
 }
 
 const GRACE_MS = 1000;
+/** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
+const MAX_ROUNDS_WRITING = 2;
 
 /** An Ackable that passes on only its first ack or nak. */
 function once(a: Ackable): Ackable {
@@ -221,11 +223,23 @@ export class ShardActor implements EventSink {
   /** Places the limiter gave to waiting tasks, not yet used by a dispatch (task → executor). */
   private readonly reserved = new Map<number, string>();
   private mail: Mail[] = [];
-  /** The mail of the round in progress (handed back by fence(), see there). */
-  private inRound: Mail[] = [];
-  private processing = false;
-  private idle: Promise<void> = Promise.resolve();
-  private idleResolve: (() => void) | null = null;
+  /** The mail of the rounds in progress, being decided or written (handed back by fence(), see there). */
+  private readonly inRounds = new Set<Mail[]>();
+  /** The mailbox loop is deciding rounds (it stops when the mailbox is empty). */
+  private deciding = false;
+  /**
+   * Rounds decided and submitted whose write has not been handled yet, oldest first (see
+   * submitRound): the next round is decided while the previous one is written, at most
+   * MAX_ROUNDS_WRITING deep.
+   */
+  private readonly writing: Array<Promise<void>> = [];
+  /** Handles written rounds in their order (acks, effects). */
+  private tail: Promise<void> = Promise.resolve();
+  private quietWaiters: Array<() => void> = [];
+  /** Tasks a submitted round changed whose write is not handled yet: not evicted meanwhile (PostgreSQL does not hold their state yet). */
+  private readonly unwritten = new Map<number, number>();
+  /** Tasks seen by a round: evicted at the start of a later one when idle (see evictIdle). */
+  private readonly evictable = new Set<number>();
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
   private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
   private refilling: Promise<void> | null = null;
@@ -374,12 +388,17 @@ export class ShardActor implements EventSink {
     // may end later and settle them again (a node-level batch counts its parts' settlements).
     if (m.t === "events" || m.t === "trigger") m = { ...m, msg: once(m.msg) };
     this.mail.push(m);
-    if (!this.processing) {
-      this.processing = true;
-      this.idle = new Promise((r) => { this.idleResolve = r; });
+    if (!this.deciding) {
+      this.deciding = true;
       setImmediate(() => { void this.loop(); });
     }
   }
+
+  /** Resolves when no round is being decided or written and the mailbox is empty (or the shard stopped). */
+  private async quiet(): Promise<void> {
+    while (this.deciding || this.writing.length) await new Promise<void>((r) => this.quietWaiters.push(r));
+  }
+  private wakeQuiet(): void { for (const w of this.quietWaiters.splice(0)) w(); }
 
   /** A part of a node-level event batch (see NodeEvents); false when the shard is not active here. */
   acceptEvents(events: RunEvent[], instance: string, part: Ackable): boolean {
@@ -395,12 +414,13 @@ export class ShardActor implements EventSink {
   private async loop(): Promise<void> {
     try {
       while (this.mail.length && this.state !== "stopped") {
+        if (this.writing.length >= MAX_ROUNDS_WRITING) { await this.writing[0]; continue; }
         const batch = this.mail.splice(0);
-        this.inRound = batch;
+        this.inRounds.add(batch);
         try {
           await this.round(batch);
-          this.inRound = [];
         } catch (e) {
+          this.inRounds.delete(batch);
           // The round's decisions are in memory but not durable: the only consistent state is
           // PostgreSQL's. Stop without writing and let the supervisor load the shard afresh
           // (fires that were not recorded are still due there; events come back unacked).
@@ -415,8 +435,8 @@ export class ShardActor implements EventSink {
         }
       }
     } finally {
-      this.processing = false;
-      this.idleResolve?.();
+      this.deciding = false;
+      this.wakeQuiet();
     }
   }
 
@@ -428,6 +448,7 @@ export class ShardActor implements EventSink {
   }
 
   private async round(batch: Mail[]): Promise<void> {
+    this.evictIdle();
     const round = this.newRound();
     const now = this.d.clock.now();
     const canFire = this.state === "active" && this.d.leaseValid();
@@ -441,6 +462,7 @@ export class ShardActor implements EventSink {
       if (m.t === "refilled") for (const it of m.items) { const w = this.inWheel.get(it.id); if (w && w.dueMs !== it.dueMs) need.add(it.id); }
       if (m.t === "capacity") need.add(m.taskId);
     }
+    for (const id of need) this.evictable.add(id);
     const missing = [...need].filter((id) => !this.live.has(id));
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, liveTask(row));
     // Calendars of excluded dates named by the tasks coming due (none: no query).
@@ -492,7 +514,7 @@ export class ShardActor implements EventSink {
           break;
       }
     }
-    await this.commit(round);
+    this.submitRound(round, batch);
   }
 
   // ---- decisions -------------------------------------------------------------------------
@@ -1105,50 +1127,94 @@ export class ShardActor implements EventSink {
 
   // ---- effects -----------------------------------------------------------------------------
 
-  private async commit(round: Round): Promise<void> {
-    const writing: Array<[LiveTask, Written]> = [];
+  /**
+   * Hands the round's fenced write to the node's round (Persister) and returns without waiting
+   * for it: the next round is decided while this one is written (at most MAX_ROUNDS_WRITING
+   * deep; the persister applies one shard's writes in order). What follows the write — acks,
+   * publishes, due-index updates, replies — happens in finishRound, round after round in order.
+   * The rows written are taken as PostgreSQL's from now on: if the write fails or is refused as
+   * stale, the shard stops and is loaded afresh from PostgreSQL.
+   */
+  private submitRound(round: Round, batch: Mail[]): void {
     for (const id of round.touched) {
       const lt = this.live.get(id);
       if (!lt) continue;
       const r = lt.row;
       if (unchanged(lt.written, r)) continue;
-      writing.push([lt, written(r)]);
+      lt.written = written(r);
       const u: TaskUpdate = {
         id, state: r.state, record: r.record, triggerSlots: r.triggerSlots, nextDueMs: r.nextDueMs, nextSlotMs: r.nextSlotMs,
         nextTriggerId: r.nextTriggerId, nextSource: r.nextSource, nextReason: r.nextReason, nextCausedBy: r.nextCausedBy,
       };
       round.write.taskUpdates.push(u);
     }
+    for (const id of round.touched) this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
-    const { stale, published } = await this.d.persister.submit(round.write, round.dispatch);
-    if (stale) {
-      this.log.error("epoch is no longer current: write refused, shard stops");
+    const submitted = this.d.persister.submit(round.write, round.dispatch);
+    const done = this.tail.then(() => this.finishRound(round, submitted))
+      .catch((e: unknown) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "handling a written round failed"));
+    this.tail = done;
+    this.writing.push(done);
+    void done.finally(() => {
+      this.inRounds.delete(batch);
+      void this.writing.shift(); // this round: they finish in order (one tail)
+      for (const id of round.touched) {
+        const n = (this.unwritten.get(id) ?? 1) - 1;
+        if (n > 0) this.unwritten.set(id, n); else this.unwritten.delete(id);
+        this.evictable.add(id);
+      }
+      this.wakeQuiet();
+    });
+  }
+
+  /** A submitted round once its write is done: acks, then its effects after the previous round's. Never rejects. */
+  private async finishRound(round: Round, submitted: Promise<Submitted>): Promise<void> {
+    let result: Submitted;
+    try {
+      result = await submitted;
+    } catch (e) {
+      // Not durable: the only consistent state is PostgreSQL's. The events come back unacked; the
+      // supervisor loads the shard afresh.
+      for (const m of round.acks) m.nak(1000);
+      if (this.state === "stopped") return; // an earlier round, or the lease, stopped it already
+      this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round write failed; shard restarts from PostgreSQL");
+      this.fence(`round write failed: ${String(e)}`);
+      this.d.onFenced(this.shard);
+      return;
+    }
+    if (result.stale) {
       for (const m of round.acks) m.nak();
+      if (this.state === "stopped") return;
+      this.log.error("epoch is no longer current: write refused, shard stops");
       this.fence("epoch is no longer current");
       this.d.onFenced(this.shard);
       return;
     }
-    for (const [lt, w] of writing) lt.written = w;
     const slotEvent = this.d.events?.["slots:accounted"];
     if (slotEvent) for (const [outcome, count] of ledger.slotOutcomes(round.write.ledger ?? [], round.write.runInserts)) slotEvent({ shard: this.shard, outcome, count });
     // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
     for (const m of round.acks) m.ack();
     for (const m of round.naks) m.nak(1000);
     // Effects are pipelined one deep: this round's publishes and due-index updates go out once the
-    // previous round's are done (Redis sees one shard's adds and removes in round order), and the
-    // next round decides and writes meanwhile. A due run then waits for the round ahead of it to
-    // be written, not also for its publishes to be acknowledged.
+    // previous round's are done (Redis sees one shard's adds and removes in round order).
     const previous = this.effects;
-    this.effects = previous.then(() => this.applyEffects(round, published))
+    this.effects = previous.then(() => this.applyEffects(round, result.published))
       .catch((e) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "applying a written round's effects failed; its runs time out and retry"));
     await previous;
-    // Idle tasks leave memory: PostgreSQL holds them, the wheel or Redis holds their due time.
-    for (const id of round.touched) {
+  }
+
+  /**
+   * Idle tasks leave memory (PostgreSQL holds them, the wheel or Redis their due time): those a
+   * round saw, once no run of theirs is in flight and no submitted round's write of them is
+   * pending. Done at the start of a round, never while one is being decided.
+   */
+  private evictIdle(): void {
+    for (const id of this.evictable) {
       const lt = this.live.get(id);
-      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0) this.live.delete(id);
+      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id)) this.live.delete(id);
+      if (!this.unwritten.has(id)) this.evictable.delete(id);
     }
-    for (const [id, lt] of this.live) if (!round.touched.has(id) && (lt.row.record as TaskRecord).context.inFlight.length === 0) this.live.delete(id);
   }
 
   /**
@@ -1301,7 +1367,7 @@ export class ShardActor implements EventSink {
     // A refill in flight has taken entries from Redis: let it finish so its mail is handled
     // (and the entries come back to Redis with the rest of the wheel below).
     await this.refilling?.catch(() => undefined);
-    while (this.processing) await this.idle;
+    await this.quiet();
     await this.effects;
     await Promise.all([...this.releases]);
     const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
@@ -1335,15 +1401,15 @@ export class ShardActor implements EventSink {
     this.inFlight.clear();
     this.waitingForCapacity.clear();
     this.releaseReserved();
-    // The round in progress too: it may hang on a server this node cannot reach (a partition from
+    // The rounds in progress too (being decided or written): one may hang on a server this node cannot reach (a partition from
     // PostgreSQL), and the events it holds (completions of runs whose timeouts the next owner
     // counts) must reach the next owner now, not after the ack wait.
-    for (const m of [...this.inRound, ...this.mail]) {
+    for (const m of [...[...this.inRounds].flat(), ...this.mail]) {
       if (m.t === "cmd") { if (this.mail.includes(m)) m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() }); }
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
     }
     this.mail = [];
-    this.inRound = [];
+    this.inRounds.clear();
     this.log.warn({ reason }, reason === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
   }
 }

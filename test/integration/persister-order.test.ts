@@ -1,0 +1,99 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { JetStreamClient } from "@nats-io/jetstream";
+import { SystemClock, names, silentLogger } from "../../common/index.ts";
+import { Persister, Store, type ShardDispatchRun, type ShardWrite } from "../../actors/index.ts";
+import { testConfig, testNamespace, waitFor } from "../helpers.ts";
+
+/**
+ * A shard actor decides its next round while the previous one is written, so the node's round
+ * (Persister) may hold two writes of one shard at once. Against PostgreSQL: one shard's writes
+ * land in submission order even with two lanes, and a run withdrawn while its write is queued or
+ * being written is never published. The store is the real one; only its write is gated, to hold
+ * a batch open; the JetStream publish is recorded (no executor here).
+ */
+const ns = testNamespace("persist");
+const cfg = testConfig(ns);
+const store = new Store({ pgUrl: cfg.pgUrl, schema: ns, poolSize: 2 });
+const NOW = Date.now();
+
+interface Gate { shards: number[]; release: () => void; done: boolean }
+let gates: Gate[] = [];
+let published: string[] = [];
+
+function persister(): Persister {
+  const js = { publish: async (_subject: string, data: Uint8Array) => { published.push(...(JSON.parse(new TextDecoder().decode(data)) as { runs: Array<{ runId: string }> }).runs.map((r) => r.runId)); return { seq: 1, duplicate: false, stream: "x" }; } } as unknown as JetStreamClient;
+  return new Persister({ store, log: silentLogger, js, names: names(ns), nodeId: "n1", clock: new SystemClock(), mayRelease: () => "yes", lanes: 2 });
+}
+
+function write(shard: number, runIds: string[], extra: Partial<ShardWrite> = {}): ShardWrite {
+  return {
+    shard, epoch: 1, runUpdates: [], taskUpdates: [], ...extra,
+    runInserts: runIds.map((id) => ({ id, taskId: 1, taskName: "t", triggerId: null, source: "once" as const, dueMs: NOW, slotMs: NOW, dueReason: "test", firedMs: NOW,
+      node: "n1", shard, epoch: 1, attempt: 1, executor: "e", state: "running" as const, error: null, causedBy: null, upstreamRuns: null, createdMs: NOW })),
+  };
+}
+
+function dispatch(shard: number, runIds: string[], releaseAt: number): Map<string, ShardDispatchRun[]> {
+  return new Map([["e", runIds.map((runId) => ({ runId, taskId: 1, taskName: "t", attempt: 1, source: "once" as const, payload: null, scheduledAt: releaseAt, firedAt: releaseAt, timeoutMs: 30_000, shard }))]]);
+}
+
+beforeAll(async () => {
+  await store.migrate();
+  await store.initShardCount(4);
+  for (let s = 0; s < 4; s++) await store.claimShard(s, "n1", 1, NOW);
+  await store.upsertExecutor("e", "nats", null, NOW);
+  await store.pool.query(`insert into tasks (id, name, executor, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap, shard, state, record, created_ms, updated_ms)
+    values (1, 't', 'e', 30000, 1, 1000, 60000, 'once', 'forbid', 0, 'pending', '{}'::jsonb, 0, 0)`);
+  // Each batch waits for its gate before it is written (the statements themselves are the real ones).
+  const real = store.writeBatch.bind(store);
+  store.writeBatch = async (writes, records) => {
+    const g: Gate = { shards: writes.map((w) => w.shard), release: () => undefined, done: false };
+    await new Promise<void>((r) => { g.release = r; gates.push(g); });
+    try { return await real(writes, records); } finally { g.done = true; }
+  };
+});
+afterAll(async () => { await store.dropNamespace(); await store.close(); });
+
+describe("persister: one shard's writes in flight together", () => {
+  it("a second lane leaves a shard's next write queued until its first is committed, and takes other shards meanwhile", async () => {
+    gates = []; published = [];
+    const p = persister();
+    const a1 = p.submit(write(1, ["a1"]));
+    await waitFor(() => gates.length === 1, 2000, "the first batch to start");
+    // Shard 1's next round (the completion of a1) and shard 2's round arrive while a1 is written.
+    const a2 = p.submit(write(1, [], { runUpdates: [{ id: "a1", state: "success", finishedMs: NOW + 1 }] }));
+    const b1 = p.submit(write(2, ["b1"]));
+    await waitFor(() => gates.length === 2, 2000, "the second lane to start");
+    expect(gates[1]!.shards).toEqual([2]); // not shard 1: its first write is not committed yet
+    gates[1]!.release();
+    await b1;
+    expect(gates.length).toBe(2); // a2 still waits for a1
+    gates[0]!.release();
+    await a1;
+    await waitFor(() => gates.length === 3, 2000, "shard 1's second write");
+    expect(gates[2]!.shards).toEqual([1]);
+    gates[2]!.release();
+    await a2;
+    // Applied in order: the update found the row the insert wrote.
+    const r = await store.pool.query("select state, finished_ms from runs where id = 'a1'");
+    expect(r.rows[0]).toMatchObject({ state: "success", finished_ms: NOW + 1 });
+  });
+
+  it("a run withdrawn while its batch is written, or while its write is still queued, is never published", async () => {
+    gates = []; published = [];
+    const p = persister();
+    const due = Date.now() + 300;
+    const w1 = p.submit(write(3, ["w1", "k1"]), dispatch(3, ["w1", "k1"], due));
+    await waitFor(() => gates.length === 1, 2000, "the batch to start");
+    const w2 = p.submit(write(3, ["w2"]), dispatch(3, ["w2"], due)); // queued behind w1 (same shard)
+    expect(p.withdraw("w1")).toBe(true); // in the batch being written
+    expect(p.withdraw("w2")).toBe(true); // still queued
+    gates[0]!.release();
+    await (await w1).published;
+    await waitFor(() => gates.length === 2, 2000, "the queued write");
+    gates[1]!.release();
+    await (await w2).published;
+    expect(published).toEqual(["k1"]);
+    expect(p.withdraw("k1")).toBe(false); // published already
+  });
+});
