@@ -1,10 +1,10 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { KV } from "@nats-io/kv";
 import type { Clock, Logger, Names } from "../common/index.ts";
 import { decode, encode } from "../protocol/index.ts";
 import { z } from "zod";
 import type { Store } from "../actors/index.ts";
 import { LeaseTable, LeaseView } from "./leases.ts";
+import type { LeaseBucket } from "./leaseBucket.ts";
 import { Membership, type Member } from "./membership.ts";
 import { assignShards, planMoves } from "./ring.ts";
 
@@ -22,7 +22,10 @@ export interface SupervisorOptions {
   leaseTtlMs: number;
   heartbeatMs: number;
   nc: NatsConnection;
-  kv: KV;
+  /** The lease bucket, opened; checked every `bucketCheckMs` and recreated if deleted. */
+  bucket: LeaseBucket;
+  /** How often the bucket's existence is checked (default: the heartbeat, within 250 ms..1 s). */
+  bucketCheckMs?: number;
   store: Store;
   names: Names;
   clock: Clock;
@@ -114,8 +117,9 @@ export class ShardSupervisor {
   private pinsUnreadable = false;
 
   constructor(private readonly o: SupervisorOptions) {
-    this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => o.onLease?.(r));
-    this.view = new LeaseView(o.kv, o.leaseTtlMs, o.clock, o.log);
+    // A renewal that fails may mean the bucket is gone: look at once rather than at the next check.
+    this.leases = new LeaseTable(o.bucket, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => { o.onLease?.(r); if (r !== "ok") void this.checkBucket(); });
+    this.view = new LeaseView(o.bucket, o.leaseTtlMs, o.clock, o.log);
     this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs, 3, (cause, e) => this.refuse(cause, e.message));
     this.startedAt = o.clock.now();
   }
@@ -168,6 +172,45 @@ export class ShardSupervisor {
     this.beat();
     this.loop();
     this.renewLoop();
+    this.bucketLoop();
+  }
+
+  private bucketTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private checkingBucket: Promise<void> | null = null;
+  private bucketUnchecked = false;
+  private bucketLoop(): void {
+    const ms = this.o.bucketCheckMs ?? Math.min(1000, Math.max(250, this.o.heartbeatMs));
+    this.bucketTimer = this.o.clock.setTimeout(() => {
+      if (this.stopping) return;
+      void this.checkBucket().finally(() => { if (!this.stopping) this.bucketLoop(); });
+    }, ms);
+  }
+
+  /**
+   * A deleted lease bucket is recreated (LeaseBucket.check). Once it is replaced — here or by
+   * another node — every lease held in the old one is void: its shards are fenced at once
+   * (another node may take the new key right away, under a higher epoch), the view of who
+   * holds what starts over from the new bucket, and the shards are acquired again.
+   */
+  checkBucket(): Promise<void> {
+    if (this.stopping) return Promise.resolve();
+    this.checkingBucket ??= (async () => {
+      try {
+        const r = await this.o.bucket.check();
+        if (this.bucketUnchecked) this.o.log.info("lease bucket check answers again");
+        this.bucketUnchecked = false;
+        if (r === "replaced" && !this.stopping) {
+          for (const s of this.leases.voidAll()) { this.o.onLease?.("lost"); this.lose(s, "lease bucket replaced"); }
+          await this.view.restart();
+          this.kick();
+        }
+      } catch (e) {
+        // Once per streak: NATS being down has its own dependency line.
+        if (!this.bucketUnchecked) this.o.log.warn({ err: String(e) }, "could not check the lease bucket; retrying");
+        this.bucketUnchecked = true;
+      } finally { this.checkingBucket = null; }
+    })();
+    return this.checkingBucket;
   }
 
   private rejoin(): void {
@@ -514,7 +557,8 @@ export class ShardSupervisor {
   async stop(): Promise<void> {
     if (this.stopping) return;
     this.stopping = true; // no shard fires from here on (leaseValid is false)
-    for (const t of [this.beatTimer, this.wakeTimer?.h]) if (t) this.o.clock.clearTimeout(t);
+    for (const t of [this.beatTimer, this.wakeTimer?.h, this.bucketTimer]) if (t) this.o.clock.clearTimeout(t);
+    await this.checkingBucket?.catch(() => undefined);
     await this.reconciling?.catch(() => undefined);
     await Promise.allSettled([...this.busy.values()]);
     // Say so first: the others drop this node from their assignment and take the hand-overs at once.

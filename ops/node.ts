@@ -1,12 +1,11 @@
 import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { connectionUptime, encode, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
-import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
+import { LeaseBucket, ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
@@ -120,7 +119,11 @@ export class AxNode {
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
     await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true }));
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
-    const kv = await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1, replicas: c.replicas }));
+    const bucket = new LeaseBucket({
+      nc: this.nc, jsm, name: this.names.leaseBucket, ttlMs: c.leaseTtlMs, replicas: c.replicas, log: this.log,
+      maxRecordedEpoch: async () => Math.max(0, ...(await this.store.listShards()).map((s) => s.epoch)),
+    });
+    await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => bucket.open());
     this.health = new DependencyHealth({
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat.
@@ -129,7 +132,7 @@ export class AxNode {
     this.health.start();
     // The bucket's max age is what really expires leases; it was fixed by the node that created
     // the bucket. Acting on a longer TTL than the bucket's would be unsafe: use the bucket's.
-    const bucketTtlMs = (await kv.status()).ttl;
+    const bucketTtlMs = (await bucket.kv.status()).ttl;
     const leaseTtlMs = bucketTtlMs > 0 ? bucketTtlMs : c.leaseTtlMs;
     if (leaseTtlMs !== c.leaseTtlMs) this.log.warn({ configured: c.leaseTtlMs, bucket: leaseTtlMs }, "AX_LEASE_TTL differs from the lease bucket's TTL; using the bucket's");
     this.persister = new Persister({
@@ -144,7 +147,7 @@ export class AxNode {
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
     this.supervisor = new ShardSupervisor({
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
-      heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
+      heartbeatMs: c.heartbeatMs, nc: this.nc, bucket, store: this.store, names: this.names, clock: this.clock, log: this.log,
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
       failing: () => this.failing(),
