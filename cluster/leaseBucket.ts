@@ -61,11 +61,11 @@ export class LeaseBucket {
   }
 
   /**
-   * Checks that the bucket still exists and is the incarnation in use. Returns "same", or
-   * "replaced" when the bucket was missing (recreated here) or was recreated by someone else:
-   * every lease held under the previous incarnation is void.
+   * Checks that the bucket still exists and is the incarnation in use. Returns "same",
+   * "recreated" when it was missing and was created here, or "replaced" when another node
+   * recreated it: either way every lease held under the previous incarnation is void.
    */
-  async check(): Promise<"same" | "replaced"> {
+  async check(): Promise<"same" | "recreated" | "replaced"> {
     const info = await this.info();
     if (info && info.created === this.inc.created) return "same";
     const before = this.inc;
@@ -73,7 +73,7 @@ export class LeaseBucket {
     await this.ensure(before.created ? before.floor : undefined);
     this.recreations++;
     this.o.log.warn({ bucket: this.o.name, floor: this.inc.floor, previousFloor: before.floor, createdHere: !info }, "lease bucket replaced: every lease of the old bucket is void; acquiring again under the new epoch floor");
-    return "replaced";
+    return info ? "replaced" : "recreated";
   }
 
   private async info(): Promise<Incarnation | null> {

@@ -39,6 +39,8 @@ export interface SupervisorOptions {
    * takes a lease and bumps its epoch for nothing.
    */
   failing?: () => Record<string, string>;
+  /** Told when the lease bucket was replaced (`createdHere`: this node recreated it). */
+  onBucketReplaced?: (createdHere: boolean) => void;
   /** Told of each lease renewal's result and of each lease lost (metrics). */
   onLease?: (e: "ok" | "refused" | "unanswered" | "lost") => void;
   /** A refused control message or a passed-over node (counted and logged once per cause per interval by the caller). */
@@ -199,7 +201,8 @@ export class ShardSupervisor {
         const r = await this.o.bucket.check();
         if (this.bucketUnchecked) this.o.log.info("lease bucket check answers again");
         this.bucketUnchecked = false;
-        if (r === "replaced" && !this.stopping) {
+        if (r !== "same") this.o.onBucketReplaced?.(r === "recreated");
+        if (r !== "same" && !this.stopping) {
           for (const s of this.leases.voidAll()) { this.o.onLease?.("lost"); this.lose(s, "lease bucket replaced"); }
           await this.view.restart();
           this.kick();

@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { connectionUptime, encode, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
@@ -65,6 +65,7 @@ export class AxNode {
   private alerts!: AlertDispatcher;
   private nodeEvents: NodeEvents | null = null;
   private orphanTimer: NodeJS.Timeout | null = null;
+  private streamTimer: NodeJS.Timeout | null = null;
   health: DependencyHealth | null = null;
   private actors = new Map<number, ShardActor>();
   private subs: Subscription[] = [];
@@ -151,6 +152,7 @@ export class AxNode {
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
       failing: () => this.failing(),
+      onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
       onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
       onRefused: (cause, e) => this.refusals.note(cause, e),
     });
@@ -208,6 +210,7 @@ export class AxNode {
       void this.nodeEvents?.drainOrphans(live).catch((e) => this.log.warn({ err: String(e) }, "draining the events of gone nodes failed"));
     }, 5_000);
     this.orphanTimer.unref();
+    this.watchStreams(jsm);
     this.log.info({ http: this.http?.address ?? null, shards: this.shardCount }, "node started");
   }
 
@@ -310,6 +313,37 @@ export class AxNode {
     };
   }
 
+  /**
+   * The streams deleted under a running node (an operator's mistake, a client with too broad
+   * permissions) are created again, with the consumers the node and the executors read through:
+   * the shard consumers and the DependencyActor's, one per known executor (with the default ack
+   * wait; an executor that starts later sets its own). The loops that read the old consumers end
+   * (shard actors restart and load again, NodeEvents re-creates its own); the executors' pulls
+   * find the new durables. Messages that were in the deleted stream are gone: their runs time
+   * out and follow their retry policy. Checked as often as the lease bucket.
+   */
+  private watchStreams(jsm: Awaited<ReturnType<typeof jetstreamManager>>): void {
+    let checking = false; let failingLogged = false;
+    this.streamTimer = setInterval(() => {
+      if (checking || this.stopped) return;
+      checking = true;
+      void (async () => {
+        const missing = await missingStreams(jsm, this.names);
+        if (!missing.length) return;
+        this.log.warn({ missing }, "JetStream streams missing: creating them and their consumers again");
+        await ensureStreams(jsm, this.names, { replicas: this.config.replicas });
+        await ensureShardConsumers(jsm, this.names, this.shardCount);
+        for (const e of await this.store.listExecutors()) await ensureExecutorConsumer(jsm, this.names, e.name);
+        for (const s of missing) this.metrics.recreated.inc({ asset: s === this.names.dispatchStream ? "dispatch" : "events" });
+        this.log.warn({ recreated: missing }, "JetStream streams created again");
+      })().then(() => { failingLogged = false; }, (e) => {
+        if (!failingLogged) this.log.warn({ err: String(e) }, "could not check or recreate the JetStream streams; retrying");
+        failingLogged = true;
+      }).finally(() => { checking = false; });
+    }, Math.min(1000, Math.max(250, this.config.heartbeatMs)));
+    this.streamTimer.unref();
+  }
+
   /** The per-scrape gauges of /metrics (see MetricSources). */
   private wireMetricSources(jsm: Awaited<ReturnType<typeof jetstreamManager>>): void {
     const src = this.metrics.sources;
@@ -402,6 +436,7 @@ export class AxNode {
     this.log.info("node stopping: no new fires, flushing, releasing leases");
     if (this.pruneTimer) clearInterval(this.pruneTimer);
     if (this.orphanTimer) clearInterval(this.orphanTimer);
+    if (this.streamTimer) clearInterval(this.streamTimer);
     this.health?.stop();
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
     await this.nodeEvents?.stop();

@@ -5,7 +5,7 @@ export {
 } from "./messages.ts";
 export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
 export {
-  ensureStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
+  ensureStreams, missingStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";

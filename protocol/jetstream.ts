@@ -52,6 +52,19 @@ export async function ensureStreams(jsm: JetStreamManager, n: Names, opts: Ensur
   }
 }
 
+/**
+ * The namespace's streams (dispatch, events) that do not exist: deleted under a running
+ * cluster, they are created again by the nodes (with their consumers) instead of every
+ * publish failing until a restart.
+ */
+export async function missingStreams(jsm: JetStreamManager, n: Names): Promise<string[]> {
+  const out: string[] = [];
+  for (const s of [n.dispatchStream, n.eventsStream]) {
+    try { await jsm.streams.info(s); } catch (e) { if (isNotFound(e)) out.push(s); else throw e; }
+  }
+  return out;
+}
+
 /** The durable's info, after creating it if it did not exist. */
 async function ensureConsumer(jsm: JetStreamManager, stream: string, durable: string, filter: string, ackWaitMs: number, maxAckPending: number): Promise<ConsumerInfo> {
   try {

@@ -39,7 +39,7 @@ beforeAll(async () => {
   });
   await ex.registered;
   const client = await tc.client();
-  for (let i = 0; i < TASKS; i++) await client.call("task.create", { name: `every-${i}`, executor: "rx", every: "1s" });
+  for (let i = 0; i < TASKS; i++) await client.call("task.create", { name: `every-${i}`, executor: "rx", every: "1s", timeout: "2s", retries: 0 });
   nc = await connectNats(tc.config.nats);
   jsm = await jetstreamManager(nc);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
@@ -105,10 +105,58 @@ describe("the lease bucket is deleted under running nodes", () => {
     await waitFor(async () => (await store.listShards()).every((s) => s.epoch > 2 * EPOCH_SPAN), 5_000, "every shard claimed under the second floor");
     await sleep(1500);
 
-    const twice = [...slots].filter(([, c]) => c > 1);
-    expect(twice).toEqual([]);
-    for (const [shard, l] of epochs) {
-      for (let i = 1; i < l.length; i++) expect(l[i], `shard ${shard} epochs ${l.join(",")}`).toBeGreaterThan(l[i - 1]!);
-    }
+    noSlotTwiceEpochsUp();
   }, 60_000);
+});
+
+function noSlotTwiceEpochsUp(): void {
+  const twice = [...slots].filter(([, c]) => c > 1);
+  expect(twice).toEqual([]);
+  for (const [shard, l] of epochs) {
+    for (let i = 1; i < l.length; i++) expect(l[i], `shard ${shard} epochs ${l.join(",")}`).toBeGreaterThan(l[i - 1]!);
+  }
+}
+
+async function recreated(asset: string): Promise<number> {
+  let k = 0;
+  for (const node of nodes) k += (await node.metrics.recreated.get()).values.find((v) => v.labels.asset === asset)?.value ?? 0;
+  return k;
+}
+
+/**
+ * Completions that were in a deleted events stream are gone: those runs stay `running` until
+ * their timeout (2 s here, retries 0 so a lost completion is not run again as a retry), and
+ * overlap=forbid holds the task's next slot until then.
+ */
+/** Milliseconds from `t0` until the executor ran a slot due at least `afterMs` after `t0`, and that run succeeded in PostgreSQL. */
+async function executorResumed(t0: number, afterMs: number, boundMs: number): Promise<number> {
+  const f = await waitFor(() => fires.find((x) => x.scheduledAt > t0 + afterMs), boundMs, `the executor to run a slot due after ${afterMs} ms`);
+  await waitFor(async () => {
+    const r = await store.pool.query(`select count(*)::int as n from "${tc.ns}".runs where due_ms > $1 and state = 'success'`, [t0 + afterMs]);
+    return r.rows[0].n > 0;
+  }, boundMs, "a run due after the deletion recorded as success (its completion event came through)");
+  return f.at - t0;
+}
+
+describe("a stream is deleted under running nodes", () => {
+  it.each([
+    ["dispatch", () => n.dispatchStream],
+    ["events", () => n.eventsStream],
+  ])("the %s stream is created again with its consumers; the executor runs and completes new slots within 10 s; no slot runs twice", async (asset, stream) => {
+    const before = await jsm.streams.info(stream());
+    const t0 = Date.now();
+    await jsm.streams.delete(stream());
+    // Slots due more than a second after the deletion can only run through the new stream.
+    const ms = await executorResumed(t0, 1000, 10_000);
+    console.log(`${asset} stream deleted: the executor ran a slot due after it ${ms} ms later`);
+    const after = await jsm.streams.info(stream());
+    expect(after.created).not.toBe(before.created);
+    expect(after.config.subjects).toEqual(before.config.subjects);
+    expect(after.config.retention).toBe(before.config.retention);
+    expect(await recreated(asset)).toBeGreaterThanOrEqual(1);
+    const from = fires.length;
+    await sleep(3000);
+    expect(fires.length - from).toBeGreaterThanOrEqual(2 * TASKS);
+    noSlotTwiceEpochsUp();
+  }, 45_000);
 });
