@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
+import { DeadLetters, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
@@ -73,6 +73,8 @@ export class AxNode {
   private pruneTimer: NodeJS.Timeout | null = null;
   private readonly firedWindow = new RateWindow(5000, 100);
   private readonly refusals: RefusalLog;
+  private readonly deadLog: RefusalLog;
+  private dead!: DeadLetters;
   private shardCount = 0;
   private dispatchSecret: Buffer = Buffer.alloc(0);
   private stopped = false;
@@ -87,6 +89,8 @@ export class AxNode {
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
     this.metrics = createMetrics();
     this.refusals = new RefusalLog(this.log, this.metrics.refused);
+    // Once per consumer/cause a minute, with the count since: a flood of poison is one line.
+    this.deadLog = new RefusalLog(this.log, this.metrics.deadLetters, 60_000, () => Date.now(), "message parked as a dead letter");
   }
 
   get httpAddress(): string | null { return this.http?.address ?? null; }
@@ -118,7 +122,7 @@ export class AxNode {
     this.js = jetstream(this.nc);
     connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
-    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true }));
+    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }));
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
     const bucket = new LeaseBucket({
       nc: this.nc, jsm, name: this.names.leaseBucket, ttlMs: c.leaseTtlMs, replicas: c.replicas, log: this.log,
@@ -131,6 +135,11 @@ export class AxNode {
       onChange: (_d, up) => { if (up) this.supervisor?.kick(); },
     });
     this.health.start();
+    this.dead = new DeadLetters({
+      js: this.js, names: this.names, nodeId: this.id, log: this.log, maxDeliveries: c.deadAfter,
+      healthy: () => Object.keys(this.failing()).length === 0,
+      onParked: (consumer, cause, reason) => this.deadLog.note(`${consumer}/${cause}`, new Error(reason)),
+    });
     // The bucket's max age is what really expires leases; it was fixed by the node that created
     // the bucket. Acting on a longer TTL than the bucket's would be unsafe: use the bucket's.
     const bucketTtlMs = (await bucket.kv.status()).ttl;
@@ -186,12 +195,12 @@ export class AxNode {
     // Events of the runs this node dispatches: the consumer exists before the first dispatch.
     this.nodeEvents = new NodeEvents({
       js: this.js, jsm, names: this.names, nodeId: this.id, clock: this.clock, log: this.log,
-      sinkOf: (shard) => this.actors.get(shard),
+      sinkOf: (shard) => this.actors.get(shard), dead: this.dead,
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(leaseTtlMs / 3))),
     });
     await this.nodeEvents.start();
     // Hand-over hints, rebalance plans and operator kicks are the supervisor's own subscriptions.
-    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log, onTrigger: (kind) => this.metrics.dependencyTriggers.inc({ kind }) });
+    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log, dead: this.dead, onTrigger: (kind) => this.metrics.dependencyTriggers.inc({ kind }) });
     await this.deps.start();
     await this.supervisor.start();
     this.pruneTimer = setInterval(() => {
@@ -252,7 +261,7 @@ export class AxNode {
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
-      leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret,
+      leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
@@ -331,10 +340,10 @@ export class AxNode {
         const missing = await missingStreams(jsm, this.names);
         if (!missing.length) return;
         this.log.warn({ missing }, "JetStream streams missing: creating them and their consumers again");
-        await ensureStreams(jsm, this.names, { replicas: this.config.replicas });
+        await ensureStreams(jsm, this.names, { replicas: this.config.replicas, deadLetters: true });
         await ensureShardConsumers(jsm, this.names, this.shardCount);
         for (const e of await this.store.listExecutors()) await ensureExecutorConsumer(jsm, this.names, e.name);
-        for (const s of missing) this.metrics.recreated.inc({ asset: s === this.names.dispatchStream ? "dispatch" : "events" });
+        for (const s of missing) this.metrics.recreated.inc({ asset: s === this.names.dispatchStream ? "dispatch" : s === this.names.eventsStream ? "events" : "dead" });
         this.log.warn({ recreated: missing }, "JetStream streams created again");
       })().then(() => { failingLogged = false; }, (e) => {
         if (!failingLogged) this.log.warn({ err: String(e) }, "could not check or recreate the JetStream streams; retrying");

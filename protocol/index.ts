@@ -10,3 +10,4 @@ export {
 } from "./jetstream.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { Executor, NonRetryableError, CancelledError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";
+export { DeadLetters, DEAD_HEADERS, listDeadLetters, nakLater, redeliveryDelayMs, type DeadCause, type DeadLetter, type DeadLettersOptions } from "./deadLetter.ts";
