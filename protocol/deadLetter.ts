@@ -73,16 +73,18 @@ export class DeadLetters {
     h.set(DEAD_HEADERS.consumer, consumer);
     h.set(DEAD_HEADERS.node, this.o.nodeId);
     h.set(DEAD_HEADERS.at, new Date().toISOString());
+    let duplicate = false;
     try {
-      // The message id makes a second parking of the same message (two nodes, a redelivery) one copy.
-      await this.o.js.publish(this.o.names.deadSubject(consumer), m.data, { headers: h, msgID: `dead:${m.info.stream}:${m.info.streamSequence}` });
+      // The message id makes a second parking of the same message (two nodes, a redelivery after
+      // its ack wait ran out in a busy consumer's buffer) one copy, counted once.
+      ({ duplicate } = await this.o.js.publish(this.o.names.deadSubject(consumer), m.data, { headers: h, msgID: `dead:${m.info.stream}:${m.info.streamSequence}` }));
     } catch (e) {
       this.o.log.warn({ consumer, cause, seq: m.info.streamSequence, err: String(e) }, "could not park a message in the dead-letter stream; handing it back");
       nakLater(m);
       return;
     }
     m.term(clean(reason));
-    this.o.onParked(consumer, cause, reason);
+    if (!duplicate) this.o.onParked(consumer, cause, reason);
   }
 }
 
