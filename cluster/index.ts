@@ -2,4 +2,4 @@ export { assignShards, planMoves, HashRing, hash32, type AssignmentInput } from 
 export { LeaseTable, LeaseView, type HeldLease, type LeaseSource } from "./leases.ts";
 export { LeaseBucket, EPOCH_SPAN, type LeaseBucketOptions } from "./leaseBucket.ts";
 export { Membership, HeartbeatSchema, type Heartbeat, type Member } from "./membership.ts";
-export { ShardSupervisor, type ShardHandle, type SupervisorOptions, type PlannedMove } from "./supervisor.ts";
+export { ShardSupervisor, controlKey, signPlan, type ShardHandle, type SupervisorOptions, type PlannedMove } from "./supervisor.ts";

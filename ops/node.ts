@@ -5,7 +5,7 @@ import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, creat
 import { DeadLetters, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
-import { LeaseBucket, ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
+import { LeaseBucket, ShardSupervisor, controlKey, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
@@ -164,6 +164,7 @@ export class AxNode {
       onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
       onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
       onRefused: (cause, e) => this.refusals.note(cause, e),
+      controlKey: controlKey(this.dispatchSecret),
     });
     this.alerts = new AlertDispatcher({ pool: this.store.pool, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
     this.wireMetricSources(jsm);
@@ -349,7 +350,7 @@ export class AxNode {
         if (!failingLogged) this.log.warn({ err: String(e) }, "could not check or recreate the JetStream streams; retrying");
         failingLogged = true;
       }).finally(() => { checking = false; });
-    }, Math.min(1000, Math.max(250, this.config.heartbeatMs)));
+    }, 1000);
     this.streamTimer.unref();
   }
 
