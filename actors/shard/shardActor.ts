@@ -1126,7 +1126,7 @@ export class ShardActor implements EventSink {
     if (slotEvent) for (const [outcome, count] of ledger.slotOutcomes(round.write.ledger ?? [], round.write.runInserts)) slotEvent({ shard: this.shard, outcome, count });
     // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
     for (const m of round.acks) m.ack();
-    for (const m of round.naks) nakLater(m);
+    for (const m of round.naks) m.nak(1000); // "not now" (overlap, lease), not a failure: no back-off
     // Effects are pipelined one deep: this round's publishes and due-index updates go out once the
     // previous round's are done (Redis sees one shard's adds and removes in round order), and the
     // next round decides and writes meanwhile. A due run then waits for the round ahead of it to
