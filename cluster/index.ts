@@ -1,4 +1,5 @@
 export { assignShards, planMoves, HashRing, hash32, type AssignmentInput } from "./ring.ts";
-export { LeaseTable, LeaseView, type HeldLease } from "./leases.ts";
+export { LeaseTable, LeaseView, type HeldLease, type LeaseSource } from "./leases.ts";
+export { LeaseBucket, EPOCH_SPAN, type LeaseBucketOptions } from "./leaseBucket.ts";
 export { Membership, HeartbeatSchema, type Heartbeat, type Member } from "./membership.ts";
-export { ShardSupervisor, type ShardHandle, type SupervisorOptions, type PlannedMove } from "./supervisor.ts";
+export { ShardSupervisor, controlKey, signPlan, type ShardHandle, type SupervisorOptions, type PlannedMove } from "./supervisor.ts";

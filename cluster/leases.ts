@@ -24,12 +24,18 @@ import type { Clock, Logger } from "../common/index.ts";
  */
 export interface HeldLease { shard: number; epoch: number; revision: number; renewedMono: number }
 
+/**
+ * The bucket leases live in (see LeaseBucket): its handle, the epoch floor of its current
+ * incarnation (epoch = floor + revision) and a token that changes when it is replaced.
+ */
+export interface LeaseSource { readonly kv: KV; readonly floor: number; readonly incarnation: string }
+
 interface Slot extends HeldLease { op: Promise<unknown>; releasing: boolean }
 
 export class LeaseTable {
   private held = new Map<number, Slot>();
   constructor(
-    private readonly kv: KV,
+    private readonly bucket: LeaseSource,
     private readonly nodeId: string,
     private readonly ttlMs: number,
     private readonly clock: Clock,
@@ -52,8 +58,14 @@ export class LeaseTable {
     return !!l && !l.releasing && this.clock.monotonic() - l.renewedMono < this.validForMs;
   }
 
+  private get kv(): KV { return this.bucket.kv; }
+
   async acquire(shard: number): Promise<HeldLease | null> {
     if (this.held.has(shard)) return null;
+    // The floor is read with the incarnation it belongs to: a revision from a newer bucket with
+    // an older floor gives a smaller epoch, which PostgreSQL refuses (the safe side), and an
+    // acquire that straddled a replacement is dropped below.
+    const { floor, incarnation } = this.bucket;
     // The server stamps the key between send and reply: counting from the send is the safe side.
     const sent = this.clock.monotonic();
     let rev: number;
@@ -72,8 +84,8 @@ export class LeaseTable {
         return null; // someone holds it (or NATS is down): try again on the next round
       }
     }
-    if (this.held.has(shard)) return null;
-    const lease: Slot = { shard, epoch: rev, revision: rev, renewedMono: sent, op: Promise.resolve(), releasing: false };
+    if (this.held.has(shard) || this.bucket.incarnation !== incarnation) return null;
+    const lease: Slot = { shard, epoch: floor + rev, revision: rev, renewedMono: sent, op: Promise.resolve(), releasing: false };
     this.held.set(shard, lease);
     return lease;
   }
@@ -110,6 +122,13 @@ export class LeaseTable {
       }
     })));
     return lost;
+  }
+
+  /** The bucket was replaced: every lease held is void. Returns their shards (forgotten here). */
+  voidAll(): number[] {
+    const shards = this.heldShards();
+    this.held.clear();
+    return shards;
   }
 
   /** Forgets a lease without touching the bucket (it was found lost). */
@@ -151,21 +170,36 @@ export class LeaseView {
   private watcher: { stop(): void } | null = null;
   private resyncTimer: ReturnType<Clock["setTimeout"]> | null = null;
   private stopped = false;
+  /** Bumped when the bucket is replaced: a listing of the old one still running is ignored. */
+  private gen = 0;
   onChange: () => void = () => undefined;
 
   constructor(
-    private readonly kv: KV,
+    private readonly bucket: LeaseSource,
     private readonly ttlMs: number,
     private readonly clock: Clock,
     private readonly log: Logger,
     private readonly resyncMs = Math.max(5000, ttlMs * 2),
   ) {}
 
+  private get kv(): KV { return this.bucket.kv; }
+
+  /** The bucket was replaced: what was seen of the old one means nothing; watch the new one. */
+  async restart(): Promise<void> {
+    this.watcher?.stop();
+    this.watcher = null;
+    this.gen++;
+    this.entries.clear();
+    this.onChange();
+    await this.start();
+  }
+
   async start(): Promise<void> {
     const w = await this.kv.watch({ key: ">" });
     this.watcher = w;
     void (async () => {
-      for await (const e of w) this.apply(e, e.isUpdate);
+      // Only the current watch: entries of a replaced bucket still buffered are dropped.
+      for await (const e of w) if (this.watcher === w) this.apply(e, e.isUpdate);
     })().catch((e) => { if (!this.stopped) this.log.warn({ err: String(e) }, "lease watch ended"); });
     await this.resync();
   }
@@ -197,8 +231,9 @@ export class LeaseView {
     if (this.resyncTimer) { this.clock.clearTimeout(this.resyncTimer); this.resyncTimer = null; }
     try {
       const keys: string[] = [];
-      for await (const k of await this.kv.keys()) keys.push(k);
-      await Promise.all(keys.map(async (k) => { const e = await this.kv.get(k); if (e) this.apply(e, false); }));
+      const { kv, gen } = this;
+      for await (const k of await kv.keys()) keys.push(k);
+      await Promise.all(keys.map(async (k) => { const e = await kv.get(k); if (e && this.gen === gen) this.apply(e, false); }));
     } catch (e) {
       // A listing cut off by stop() (the connection drains) is expected, not worth a warning.
       if (!this.stopped) this.log.warn({ err: String(e) }, "lease listing failed; the watch view is used as is");

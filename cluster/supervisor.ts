@@ -1,10 +1,11 @@
+import { createHmac, timingSafeEqual } from "node:crypto";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { KV } from "@nats-io/kv";
 import type { Clock, Logger, Names } from "../common/index.ts";
 import { decode, encode } from "../protocol/index.ts";
 import { z } from "zod";
 import type { Store } from "../actors/index.ts";
 import { LeaseTable, LeaseView } from "./leases.ts";
+import type { LeaseBucket } from "./leaseBucket.ts";
 import { Membership, type Member } from "./membership.ts";
 import { assignShards, planMoves } from "./ring.ts";
 
@@ -23,7 +24,10 @@ export interface SupervisorOptions {
   leaseTtlMs: number;
   heartbeatMs: number;
   nc: NatsConnection;
-  kv: KV;
+  /** The lease bucket, opened; checked every `bucketCheckMs` and recreated if deleted. */
+  bucket: LeaseBucket;
+  /** How often the bucket's existence is checked (default 1 s; also at once when a renewal fails). */
+  bucketCheckMs?: number;
   store: Store;
   names: Names;
   clock: Clock;
@@ -37,8 +41,15 @@ export interface SupervisorOptions {
    * takes a lease and bumps its epoch for nothing.
    */
   failing?: () => Record<string, string>;
+  /** Told when the lease bucket was replaced (`createdHere`: this node recreated it). */
+  onBucketReplaced?: (createdHere: boolean) => void;
   /** Told of each lease renewal's result and of each lease lost (metrics). */
   onLease?: (e: "ok" | "refused" | "unanswered" | "lost") => void;
+  /**
+   * The key rebalance plans are signed with (controlKey(dispatch secret)): only a holder of the
+   * cluster's secret — a node, which reads it from PostgreSQL — can make a plan others act on.
+   */
+  controlKey: Uint8Array;
   /** A refused control message or a passed-over node (counted and logged once per cause per interval by the caller). */
   onRefused?: (cause: string, e: Error) => void;
 }
@@ -48,11 +59,30 @@ export const START_BACKOFF = { baseMs: 100, capMs: 1000, resetAfterMs: 30_000 };
 
 /** "I released `shard`; `to` should take it now" (core NATS, best effort: the lease bucket is the truth). */
 const HandoverSchema = z.object({ v: z.literal(1), shard: z.number().int().nonnegative(), from: z.string().max(256), to: z.string().max(256).nullable() });
-/** A planned set of moves (`ax shards rebalance`): every node treats them as pins until they are done or expire. */
+/**
+ * A planned set of moves (`ax shards rebalance`): every node treats them as pins until they are
+ * done or expire. Signed (`mac`) by the node that sent it (`from`, at its wall time `at`).
+ */
 const PlanSchema = z.object({
-  v: z.literal(1), id: z.string().max(256), ttlMs: z.number().int().positive().max(600_000),
+  v: z.literal(1), id: z.string().max(256), from: z.string().min(1).max(256), at: z.number().int().nonnegative(),
+  ttlMs: z.number().int().positive().max(600_000),
   moves: z.array(z.object({ shard: z.number().int().nonnegative(), to: z.string().max(256) })).max(100_000),
+  mac: z.string().max(128),
 });
+type Plan = z.infer<typeof PlanSchema>;
+
+/** The control-message key derived from the cluster's dispatch secret (a different purpose, a different key). */
+export function controlKey(dispatchSecret: Uint8Array): Uint8Array {
+  return createHmac("sha256", dispatchSecret).update("ax-control-plan-v1").digest();
+}
+
+/** The signature of a plan: HMAC-SHA256 over every field but `mac`, in a fixed order. */
+export function signPlan(key: Uint8Array, p: Omit<Plan, "mac">): string {
+  return createHmac("sha256", key).update(JSON.stringify([p.v, p.id, p.from, p.at, p.ttlMs, p.moves.map((m) => [m.shard, m.to])])).digest("base64url");
+}
+
+/** How far a plan's `at` may be from the receiver's clock (skew between machines). */
+const PLAN_SKEW_MS = 30_000;
 /**
  * Bounds on control messages (a hint or plan beyond them is refused, counted and logged once
  * per cause per interval): at most MAX_PLANS plans kept at once (a new one beyond that is
@@ -115,8 +145,9 @@ export class ShardSupervisor {
   private pinsUnreadable = false;
 
   constructor(private readonly o: SupervisorOptions) {
-    this.leases = new LeaseTable(o.kv, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => o.onLease?.(r));
-    this.view = new LeaseView(o.kv, o.leaseTtlMs, o.clock, o.log);
+    // A renewal that fails may mean the bucket is gone: look at once rather than at the next check.
+    this.leases = new LeaseTable(o.bucket, o.nodeId, o.leaseTtlMs, o.clock, o.log, (r) => { o.onLease?.(r); if (r !== "ok") void this.checkBucket(); });
+    this.view = new LeaseView(o.bucket, o.leaseTtlMs, o.clock, o.log);
     this.members = new Membership(o.nc, o.names, o.clock, o.log, o.heartbeatMs, 3, (cause, e) => this.refuse(cause, e.message));
     this.startedAt = o.clock.now();
   }
@@ -158,6 +189,24 @@ export class ShardSupervisor {
         if (moves.has(m.shard)) { this.refuse("plan", `shard ${m.shard} moved twice`); return; }
         moves.set(m.shard, m.to);
       }
+      // Sender authority: signed with the cluster's key, sent by a live member that is not
+      // passed over, recently (a plan copied off the wire is replayable only within its TTL),
+      // and only moves to live members take effect.
+      const p = d.value;
+      const mac = Buffer.from(p.mac);
+      const want = Buffer.from(signPlan(this.o.controlKey, p));
+      if (mac.length !== want.length || !timingSafeEqual(mac, want)) { this.refuse("plan", `plan ${p.id.slice(0, 64)} is not signed by a cluster node`); return; }
+      const live = new Set(this.members.live().map((m) => m.id)).add(this.o.nodeId);
+      for (const g of this.passedOver()) live.delete(g);
+      if (!live.has(p.from)) { this.refuse("plan", `plan sender ${p.from.slice(0, 64)} is not a live member`); return; }
+      const ageMs = this.o.clock.now() - p.at;
+      if (ageMs > p.ttlMs + PLAN_SKEW_MS || ageMs < -PLAN_SKEW_MS) { this.refuse("plan", `plan ${p.id.slice(0, 64)} sent ${Math.round(ageMs)} ms ago (ttl ${p.ttlMs} ms)`); return; }
+      const dead = [...moves].filter(([, to]) => !live.has(to));
+      if (dead.length) {
+        this.refuse("plan", `plan ${p.id.slice(0, 64)} moves ${dead.length} shard(s) to nodes that are not live members (${dead[0]![1].slice(0, 64)}…); those moves are dropped`);
+        for (const [s] of dead) moves.delete(s);
+        if (!moves.size) return;
+      }
       this.dropExpiredPlans();
       if (!this.plans.has(d.value.id) && this.plans.size >= CONTROL_LIMITS.maxPlans) { this.refuse("plan", `${this.plans.size} plans in progress (at most ${CONTROL_LIMITS.maxPlans})`); return; }
       this.plans.set(d.value.id, { moves, untilMono: this.o.clock.monotonic() + d.value.ttlMs });
@@ -169,6 +218,46 @@ export class ShardSupervisor {
     this.beat();
     this.loop();
     this.renewLoop();
+    this.bucketLoop();
+  }
+
+  private bucketTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private checkingBucket: Promise<void> | null = null;
+  private bucketUnchecked = false;
+  private bucketLoop(): void {
+    const ms = this.o.bucketCheckMs ?? 1000;
+    this.bucketTimer = this.o.clock.setTimeout(() => {
+      if (this.stopping) return;
+      void this.checkBucket().finally(() => { if (!this.stopping) this.bucketLoop(); });
+    }, ms);
+  }
+
+  /**
+   * A deleted lease bucket is recreated (LeaseBucket.check). Once it is replaced — here or by
+   * another node — every lease held in the old one is void: its shards are fenced at once
+   * (another node may take the new key right away, under a higher epoch), the view of who
+   * holds what starts over from the new bucket, and the shards are acquired again.
+   */
+  checkBucket(): Promise<void> {
+    if (this.stopping) return Promise.resolve();
+    this.checkingBucket ??= (async () => {
+      try {
+        const r = await this.o.bucket.check();
+        if (this.bucketUnchecked) this.o.log.info("lease bucket check answers again");
+        this.bucketUnchecked = false;
+        if (r !== "same") this.o.onBucketReplaced?.(r === "recreated");
+        if (r !== "same" && !this.stopping) {
+          for (const s of this.leases.voidAll()) { this.o.onLease?.("lost"); this.lose(s, "lease bucket replaced"); }
+          await this.view.restart();
+          this.kick();
+        }
+      } catch (e) {
+        // Once per streak: NATS being down has its own dependency line.
+        if (!this.bucketUnchecked) this.o.log.warn({ err: String(e) }, "could not check the lease bucket; retrying");
+        this.bucketUnchecked = true;
+      } finally { this.checkingBucket = null; }
+    })();
+    return this.checkingBucket;
   }
 
   private rejoin(): void {
@@ -543,8 +632,10 @@ export class ShardSupervisor {
    * temporary imbalance by moving further shards.
    */
   requestMoves(moves: Array<{ shard: number; to: string }>, ttlMs = Math.max(10 * this.o.heartbeatMs, 3 * this.o.leaseTtlMs)): string {
-    const id = `${this.o.nodeId}:${this.o.clock.now()}:${Math.random().toString(36).slice(2, 8)}`;
-    if (moves.length) this.o.nc.publish(`${this.hb}.plan`, encode({ v: 1, id, ttlMs: Math.round(ttlMs), moves }));
+    const at = this.o.clock.now();
+    const id = `${this.o.nodeId}:${at}:${Math.random().toString(36).slice(2, 8)}`;
+    const plan = { v: 1 as const, id, from: this.o.nodeId, at, ttlMs: Math.round(ttlMs), moves };
+    if (moves.length) this.o.nc.publish(`${this.hb}.plan`, encode({ ...plan, mac: signPlan(this.o.controlKey, plan) }));
     return id;
   }
 
@@ -554,7 +645,8 @@ export class ShardSupervisor {
   async stop(): Promise<void> {
     if (this.stopping) return;
     this.stopping = true; // no shard fires from here on (leaseValid is false)
-    for (const t of [this.beatTimer, this.wakeTimer?.h]) if (t) this.o.clock.clearTimeout(t);
+    for (const t of [this.beatTimer, this.wakeTimer?.h, this.bucketTimer]) if (t) this.o.clock.clearTimeout(t);
+    await this.checkingBucket?.catch(() => undefined);
     await this.reconciling?.catch(() => undefined);
     await Promise.allSettled([...this.busy.values()]);
     // Say so first: the others drop this node from their assignment and take the hand-overs at once.

@@ -43,6 +43,8 @@ export interface AxConfig {
   leadMs: number;
   wheelSize: number;
   maxInFlightPerExecutor: number;
+  /** Deliveries of a message whose processing failed before it is parked as a dead letter. */
+  deadAfter: number;
   leaseTtlMs: number;
   heartbeatMs: number;
   retentionMs: number;
@@ -72,6 +74,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_LEAD: "100ms",
   AX_WHEEL_SIZE: "512",
   AX_MAX_IN_FLIGHT: "5000",
+  AX_DEAD_AFTER: "8",
   AX_LEASE_TTL: "6s",
   AX_HEARTBEAT: "1s",
   AX_RETENTION: "7d",
@@ -97,6 +100,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_LEAD: "how long before its due time a run is decided and recorded; it is published at the due time",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
+  AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
   AX_HEARTBEAT: "node membership heartbeat interval",
   AX_RETENTION: "how long run history is kept",
@@ -362,6 +366,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     leadMs: dur("AX_LEAD", get("AX_LEAD")),
     wheelSize: int("AX_WHEEL_SIZE", get("AX_WHEEL_SIZE"), 8, 1 << 20),
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
+    deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
@@ -394,6 +399,10 @@ export function names(namespace: string) {
     dispatchStream: `${upper}_DISPATCH`,
     eventsStream: `${upper}_EVENTS`,
     leaseBucket: `${upper}_LEASES`,
+    /** Messages no node could process, parked with the reason (protocol/deadLetter.ts). */
+    deadStream: `${upper}_DEAD`,
+    deadSubject: (consumer: string) => `${namespace}.dead.${consumer}`,
+    deadWildcard: `${namespace}.dead.>`,
     dispatchSubject: (executor: string) => `${namespace}.dispatch.${executor}`,
     dispatchWildcard: `${namespace}.dispatch.>`,
     eventsSubject: (shard: number) => `${namespace}.events.${shard}`,

@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { decode, encode, ensureExecutorConsumer } from "../protocol/index.ts";
+import { decode, encode, ensureExecutorConsumer, listDeadLetters } from "../protocol/index.ts";
 import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
 import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
@@ -338,6 +338,7 @@ export class Api {
         ...(args.task !== undefined ? { task: String(args.task) } : {}),
       });
       case "shards.ls": return this.shardsLs();
+      case "dead.ls": return listDeadLetters(await jetstreamManager(this.d.nc), this.d.names, args.limit === undefined ? 50 : intIn("limit", args.limit, 1, 1000));
       case "shards.move": return this.shardsMove(args);
       case "shards.unpin": return this.shardsUnpin(args);
       case "shards.rebalance": return this.rebalance(args);

@@ -417,6 +417,20 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
       print(o.json, rows, () => table(rows.map((r) => ({ ...r, result: r.ok ? "ok" : `refused: ${String(r.error)}` })), ["at", "who", "op", "task", "args", "result"]));
     });
 
+  // ---- dead letters --------------------------------------------------------------------------------
+  const dead = program.command("dead").description("messages no node could process, parked with the reason (dead letters)")
+    .addHelpText("after", "\nA node parks an event, outcome or dependency trigger that is malformed, meant for another shard, or failed\n" +
+      "on AX_DEAD_AFTER deliveries in a row (default 8) while PostgreSQL, Redis and NATS answered: it is copied to the\n" +
+      "stream <NS>_DEAD (kept 30 days) with the reason and its original subject, and terminated on its consumer, so it\n" +
+      "is not redelivered and no shard restarts on it again. ax_dead_letters_total{cause} counts them.\n" +
+      "Examples:\n  ax dead ls\n  ax dead ls --limit 200 --json\n");
+  dead.command("ls").description("the parked messages, newest first: when, consumer, cause, reason, original subject and sequence")
+    .option("--limit <n>", "how many (1..1000)", "50").option("--json")
+    .action(async (o: { limit: string; json?: boolean }) => {
+      const rows = await withClient((c) => c.call<Array<Record<string, unknown>>>("dead.ls", { limit: o.limit }));
+      print(o.json, rows, () => rows.length ? table(rows, ["seq", "at", "consumer", "cause", "deliveries", "subject", "originalSeq", "reason"]) : "no dead letters");
+    });
+
   // ---- shards --------------------------------------------------------------------------------------
   const shards = program.command("shards").description("shard ownership");
   shards.command("ls").option("--json").action(async (o: { json?: boolean }) => {

@@ -8,7 +8,7 @@ import type { AxNode } from "./node.ts";
 
 export interface HttpServer { address: string; close(): Promise<void> }
 
-const READ_OPS = new Set(["task.ls", "task.show", "task.preview", "task.history", "export", "runs", "why", "ledger", "status", "shards.ls", "dag", "audit", "run.get", "calendar.ls", "calendar.show", "forecast", "task.search", "failures", "run.show", "alerts.ls", "executors.inflight"]);
+const READ_OPS = new Set(["task.ls", "task.show", "task.preview", "task.history", "export", "runs", "why", "ledger", "status", "shards.ls", "dag", "audit", "run.get", "calendar.ls", "calendar.show", "forecast", "task.search", "failures", "run.show", "alerts.ls", "executors.inflight", "dead.ls"]);
 const ADMIN_OPS = new Set(["shards.move", "shards.unpin", "shards.rebalance", "node.drain", "node.undrain"]);
 /** The role an operation needs: reads, task writes (operate), cluster placement (admin). */
 export const roleFor = (op: string): Role => (READ_OPS.has(op) ? "read" : ADMIN_OPS.has(op) ? "admin" : "operate");

@@ -55,6 +55,8 @@ export function createMetrics() {
       collect() { if (sources.shardLagMs) this.set(sources.shardLagMs() / 1000); },
     }),
     leaseRenewals: new Counter({ name: "ax_lease_renewals_total", help: "Shard lease renewals, by result (ok, refused, unanswered)", labelNames: ["result"], registers: [registry] }),
+    deadLetters: new Counter({ name: "ax_dead_letters_total", help: "Messages parked in the dead-letter stream (ax dead ls), by consumer/cause", labelNames: ["cause"], registers: [registry] }),
+    recreated: new Counter({ name: "ax_jetstream_recreated_total", help: "JetStream assets found deleted and created again by this node (lease bucket, streams)", labelNames: ["asset"], registers: [registry] }),
     leasesLost: new Counter({ name: "ax_leases_lost_total", help: "Shard leases lost (renewal refused or too old)", registers: [registry] }),
     inFlight: new Gauge({
       name: "ax_runs_in_flight", help: "Runs in flight on this node, by executor", labelNames: ["executor"], registers: [registry],

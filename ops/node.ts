@@ -1,12 +1,11 @@
 import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { connectionUptime, encode, ensureShardConsumers, ensureStreams } from "../protocol/index.ts";
+import { DeadLetters, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
-import { ShardSupervisor, type ShardHandle } from "../cluster/index.ts";
+import { LeaseBucket, ShardSupervisor, controlKey, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
@@ -66,6 +65,7 @@ export class AxNode {
   private alerts!: AlertDispatcher;
   private nodeEvents: NodeEvents | null = null;
   private orphanTimer: NodeJS.Timeout | null = null;
+  private streamTimer: NodeJS.Timeout | null = null;
   health: DependencyHealth | null = null;
   private actors = new Map<number, ShardActor>();
   private subs: Subscription[] = [];
@@ -73,6 +73,8 @@ export class AxNode {
   private pruneTimer: NodeJS.Timeout | null = null;
   private readonly firedWindow = new RateWindow(5000, 100);
   private readonly refusals: RefusalLog;
+  private readonly deadLog: RefusalLog;
+  private dead!: DeadLetters;
   private shardCount = 0;
   private dispatchSecret: Buffer = Buffer.alloc(0);
   private stopped = false;
@@ -87,6 +89,8 @@ export class AxNode {
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
     this.metrics = createMetrics();
     this.refusals = new RefusalLog(this.log, this.metrics.refused);
+    // Once per consumer/cause a minute, with the count since: a flood of poison is one line.
+    this.deadLog = new RefusalLog(this.log, this.metrics.deadLetters, 60_000, () => Date.now(), "message parked as a dead letter");
   }
 
   get httpAddress(): string | null { return this.http?.address ?? null; }
@@ -118,9 +122,13 @@ export class AxNode {
     this.js = jetstream(this.nc);
     connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
-    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true }));
+    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }));
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
-    const kv = await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => new Kvm(this.nc).create(this.names.leaseBucket, { ttl: c.leaseTtlMs, history: 1, replicas: c.replicas }));
+    const bucket = new LeaseBucket({
+      nc: this.nc, jsm, name: this.names.leaseBucket, ttlMs: c.leaseTtlMs, replicas: c.replicas, log: this.log,
+      maxRecordedEpoch: async () => Math.max(0, ...(await this.store.listShards()).map((s) => s.epoch)),
+    });
+    await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => bucket.open());
     this.health = new DependencyHealth({
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat. Lost:
@@ -128,9 +136,14 @@ export class AxNode {
       onChange: () => { this.supervisor?.kick(); },
     });
     this.health.start();
+    this.dead = new DeadLetters({
+      js: this.js, names: this.names, nodeId: this.id, log: this.log, maxDeliveries: c.deadAfter,
+      healthy: () => Object.keys(this.failing()).length === 0,
+      onParked: (consumer, cause, reason) => this.deadLog.note(`${consumer}/${cause}`, new Error(reason)),
+    });
     // The bucket's max age is what really expires leases; it was fixed by the node that created
     // the bucket. Acting on a longer TTL than the bucket's would be unsafe: use the bucket's.
-    const bucketTtlMs = (await kv.status()).ttl;
+    const bucketTtlMs = (await bucket.kv.status()).ttl;
     const leaseTtlMs = bucketTtlMs > 0 ? bucketTtlMs : c.leaseTtlMs;
     if (leaseTtlMs !== c.leaseTtlMs) this.log.warn({ configured: c.leaseTtlMs, bucket: leaseTtlMs }, "AX_LEASE_TTL differs from the lease bucket's TTL; using the bucket's");
     this.persister = new Persister({
@@ -145,12 +158,14 @@ export class AxNode {
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
     this.supervisor = new ShardSupervisor({
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
-      heartbeatMs: c.heartbeatMs, nc: this.nc, kv, store: this.store, names: this.names, clock: this.clock, log: this.log,
+      heartbeatMs: c.heartbeatMs, nc: this.nc, bucket, store: this.store, names: this.names, clock: this.clock, log: this.log,
       startShard: (shard, epoch) => this.startShard(shard, epoch),
       load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
       failing: () => this.failing(),
+      onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
       onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
       onRefused: (cause, e) => this.refusals.note(cause, e),
+      controlKey: controlKey(this.dispatchSecret),
     });
     this.alerts = new AlertDispatcher({ pool: this.store.pool, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
     this.wireMetricSources(jsm);
@@ -182,12 +197,12 @@ export class AxNode {
     // Events of the runs this node dispatches: the consumer exists before the first dispatch.
     this.nodeEvents = new NodeEvents({
       js: this.js, jsm, names: this.names, nodeId: this.id, clock: this.clock, log: this.log,
-      sinkOf: (shard) => this.actors.get(shard),
+      sinkOf: (shard) => this.actors.get(shard), dead: this.dead,
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(leaseTtlMs / 3))),
     });
     await this.nodeEvents.start();
     // Hand-over hints, rebalance plans and operator kicks are the supervisor's own subscriptions.
-    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log, onTrigger: (kind) => this.metrics.dependencyTriggers.inc({ kind }) });
+    this.deps = new DependencyActor({ store: this.store, js: this.js, names: this.names, log: this.log, dead: this.dead, onTrigger: (kind) => this.metrics.dependencyTriggers.inc({ kind }) });
     await this.deps.start();
     await this.supervisor.start();
     this.pruneTimer = setInterval(() => {
@@ -206,6 +221,7 @@ export class AxNode {
       void this.nodeEvents?.drainOrphans(live).catch((e) => this.log.warn({ err: String(e) }, "draining the events of gone nodes failed"));
     }, 5_000);
     this.orphanTimer.unref();
+    this.watchStreams(jsm);
     this.log.info({ http: this.http?.address ?? null, shards: this.shardCount }, "node started");
   }
 
@@ -247,7 +263,7 @@ export class AxNode {
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
-      leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret,
+      leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
@@ -306,6 +322,37 @@ export class AxNode {
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
       fence: (reason) => { sub.unsubscribe(); actor.fence(reason); forget(); },
     };
+  }
+
+  /**
+   * The streams deleted under a running node (an operator's mistake, a client with too broad
+   * permissions) are created again, with the consumers the node and the executors read through:
+   * the shard consumers and the DependencyActor's, one per known executor (with the default ack
+   * wait; an executor that starts later sets its own). The loops that read the old consumers end
+   * (shard actors restart and load again, NodeEvents re-creates its own); the executors' pulls
+   * find the new durables. Messages that were in the deleted stream are gone: their runs time
+   * out and follow their retry policy. Checked as often as the lease bucket.
+   */
+  private watchStreams(jsm: Awaited<ReturnType<typeof jetstreamManager>>): void {
+    let checking = false; let failingLogged = false;
+    this.streamTimer = setInterval(() => {
+      if (checking || this.stopped) return;
+      checking = true;
+      void (async () => {
+        const missing = await missingStreams(jsm, this.names);
+        if (!missing.length) return;
+        this.log.warn({ missing }, "JetStream streams missing: creating them and their consumers again");
+        await ensureStreams(jsm, this.names, { replicas: this.config.replicas, deadLetters: true });
+        await ensureShardConsumers(jsm, this.names, this.shardCount);
+        for (const e of await this.store.listExecutors()) await ensureExecutorConsumer(jsm, this.names, e.name);
+        for (const s of missing) this.metrics.recreated.inc({ asset: s === this.names.dispatchStream ? "dispatch" : s === this.names.eventsStream ? "events" : "dead" });
+        this.log.warn({ recreated: missing }, "JetStream streams created again");
+      })().then(() => { failingLogged = false; }, (e) => {
+        if (!failingLogged) this.log.warn({ err: String(e) }, "could not check or recreate the JetStream streams; retrying");
+        failingLogged = true;
+      }).finally(() => { checking = false; });
+    }, 1000);
+    this.streamTimer.unref();
   }
 
   /** The per-scrape gauges of /metrics (see MetricSources). */
@@ -411,6 +458,7 @@ export class AxNode {
     this.log.info("node stopping: no new fires, flushing, releasing leases");
     if (this.pruneTimer) clearInterval(this.pruneTimer);
     if (this.orphanTimer) clearInterval(this.orphanTimer);
+    if (this.streamTimer) clearInterval(this.streamTimer);
     this.health?.stop();
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
     await this.nodeEvents?.stop();

@@ -8,7 +8,7 @@ import type { Logger } from "../common/index.ts";
  */
 export class RefusalLog {
   private readonly last = new Map<string, { at: number; suppressed: number }>();
-  constructor(private readonly logger: Logger, private readonly counter: Counter<"cause">, private readonly intervalMs = 60_000, private readonly now = () => Date.now()) {}
+  constructor(private readonly logger: Logger, private readonly counter: Counter<"cause">, private readonly intervalMs = 60_000, private readonly now = () => Date.now(), private readonly msg = "input refused") {}
 
   note(cause: string, e: unknown): void {
     this.counter.inc({ cause });
@@ -17,6 +17,6 @@ export class RefusalLog {
     if (l && t - l.at < this.intervalMs) { l.suppressed++; return; }
     if (this.last.size > 1000) this.last.clear();
     this.last.set(cause, { at: t, suppressed: 0 });
-    this.logger.warn({ cause, reason: e instanceof Error ? e.message : String(e), ...(l?.suppressed ? { alsoSince: l.suppressed } : {}) }, "input refused");
+    this.logger.warn({ cause, reason: e instanceof Error ? e.message : String(e), ...(l?.suppressed ? { alsoSince: l.suppressed } : {}) }, this.msg);
   }
 }

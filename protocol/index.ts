@@ -5,8 +5,9 @@ export {
 } from "./messages.ts";
 export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
 export {
-  ensureStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
+  ensureStreams, missingStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { Executor, NonRetryableError, CancelledError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";
+export { DeadLetters, DEAD_HEADERS, listDeadLetters, nakLater, redeliveryDelayMs, type DeadCause, type DeadLetter, type DeadLettersOptions } from "./deadLetter.ts";

@@ -6,6 +6,8 @@ export interface EnsureStreamsOptions {
   replicas?: number;
   /** A node (not an executor) also changes existing streams to `replicas`. */
   reconcileReplicas?: boolean;
+  /** A node also creates the dead-letter stream (executors have no permission to look at it on deploy/nats). */
+  deadLetters?: boolean;
 }
 
 function isNotFound(e: unknown): boolean {
@@ -27,29 +29,46 @@ export async function ensureStreams(jsm: JetStreamManager, n: Names, opts: Ensur
     { name: n.dispatchStream, subjects: [n.dispatchWildcard], retention: RetentionPolicy.Workqueue },
     { name: n.eventsStream, subjects: [n.eventsWildcard, n.outcomeWildcard, n.triggerWildcard], retention: RetentionPolicy.Interest },
   ];
-  for (const s of want) {
-    try {
-      const info = await jsm.streams.info(s.name);
-      if (opts.reconcileReplicas && info.config.num_replicas !== replicas) {
-        // A cluster grown from one server (or AX_REPLICAS changed): the server moves the data.
-        try {
-          await jsm.streams.update(s.name, { ...info.config, num_replicas: replicas });
-        } catch (e) {
-          throw new AxError("AX_E_CONFIG", `stream ${s.name} has ${info.config.num_replicas} replica(s) and AX_REPLICAS=${replicas}; changing it failed: ${String((e as Error).message ?? e)}`, { field: "AX_REPLICAS", value: replicas });
-        }
-      }
-    } catch (e) {
-      if (!isNotFound(e)) throw e;
+  for (const s of want) await ensureStream(jsm, s, replicas, opts.reconcileReplicas === true);
+  // Parked messages (protocol/deadLetter.ts): kept 30 days for an operator to look at.
+  if (opts.deadLetters) await ensureStream(jsm, { name: n.deadStream, subjects: [n.deadWildcard], retention: RetentionPolicy.Limits, maxAgeS: 30 * 24 * 3600 }, replicas, opts.reconcileReplicas === true);
+}
+
+async function ensureStream(jsm: JetStreamManager, s: { name: string; subjects: string[]; retention: RetentionPolicy; maxAgeS?: number }, replicas: number, reconcileReplicas: boolean): Promise<void> {
+  try {
+    const info = await jsm.streams.info(s.name);
+    if (reconcileReplicas && info.config.num_replicas !== replicas) {
+      // A cluster grown from one server (or AX_REPLICAS changed): the server moves the data.
       try {
-        await jsm.streams.add({
-          name: s.name, subjects: s.subjects, retention: s.retention, storage: StorageType.File,
-          duplicate_window: 120_000_000_000, max_age: 7 * 24 * 3600 * 1_000_000_000, num_replicas: replicas,
-        });
-      } catch (e2) {
-        if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;
+        await jsm.streams.update(s.name, { ...info.config, num_replicas: replicas });
+      } catch (e) {
+        throw new AxError("AX_E_CONFIG", `stream ${s.name} has ${info.config.num_replicas} replica(s) and AX_REPLICAS=${replicas}; changing it failed: ${String((e as Error).message ?? e)}`, { field: "AX_REPLICAS", value: replicas });
       }
     }
+  } catch (e) {
+    if (!isNotFound(e)) throw e;
+    try {
+      await jsm.streams.add({
+        name: s.name, subjects: s.subjects, retention: s.retention, storage: StorageType.File,
+        duplicate_window: 120_000_000_000, max_age: (s.maxAgeS ?? 7 * 24 * 3600) * 1_000_000_000, num_replicas: replicas,
+      });
+    } catch (e2) {
+      if (!/already in use|exists/i.test(String((e2 as Error).message))) throw e2;
+    }
   }
+}
+
+/**
+ * The namespace's streams (dispatch, events, dead letters) that do not exist: deleted under a running
+ * cluster, they are created again by the nodes (with their consumers) instead of every
+ * publish failing until a restart.
+ */
+export async function missingStreams(jsm: JetStreamManager, n: Names): Promise<string[]> {
+  const out: string[] = [];
+  for (const s of [n.dispatchStream, n.eventsStream, n.deadStream]) {
+    try { await jsm.streams.info(s); } catch (e) { if (isNotFound(e)) out.push(s); else throw e; }
+  }
+  return out;
 }
 
 /** The durable's info, after creating it if it did not exist. */
@@ -126,7 +145,7 @@ export async function ensureShardConsumers(jsm: JetStreamManager, n: Names, shar
 
 /** Removes everything a namespace created in JetStream (tests, teardown). */
 export async function dropStreams(jsm: JetStreamManager, n: Names): Promise<void> {
-  for (const s of [n.dispatchStream, n.eventsStream, `KV_${n.leaseBucket}`]) {
+  for (const s of [n.dispatchStream, n.eventsStream, n.deadStream, `KV_${n.leaseBucket}`]) {
     try { await jsm.streams.delete(s); } catch (e) { if (!isNotFound(e)) throw e; }
   }
 }

@@ -1,6 +1,6 @@
 import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
-import { DEPENDENCY_CONSUMER, OutcomeBatchSchema, decode, derivedRunId, encode, type DependencyTrigger, type Outcome } from "../../protocol/index.ts";
+import { DEPENDENCY_CONSUMER, OutcomeBatchSchema, decode, derivedRunId, encode, nakLater, type DeadLetters, type DependencyTrigger, type Outcome } from "../../protocol/index.ts";
 import type { Downstream, Edge, EdgeTransaction, Store } from "../store/index.ts";
 
 export interface DependencyActorDeps {
@@ -13,6 +13,8 @@ export interface DependencyActorDeps {
   now?: () => number;
   /** Told of each trigger published to a downstream (metrics). */
   onTrigger?: (kind: DependencyTrigger["kind"]) => void;
+  /** Where outcomes that can never be processed are parked (without it they are only terminated). */
+  dead?: DeadLetters;
 }
 
 /** The run id a shard derives from a due trigger (ShardActor.onDependencyTrigger uses the same formula). */
@@ -70,7 +72,7 @@ export class DependencyActor {
         // Serial within a node; across nodes the edge row locks serialize.
         this.enqueue(() => this.onMessage(m), (e) => {
           this.d.log.error({ err: String(e) }, "dependency outcome failed; redelivering");
-          m.nak(1000);
+          nakLater(m);
         });
       }
     })().catch(() => undefined);
@@ -107,7 +109,13 @@ export class DependencyActor {
 
   private async onMessage(m: JsMsg): Promise<void> {
     const dec = decode(OutcomeBatchSchema, m.data);
-    if (!dec.ok) { this.d.log.warn({ reason: dec.reason }, "malformed outcome refused"); m.term(); return; }
+    if (!dec.ok) {
+      if (this.d.dead) await this.d.dead.park(m, "dependency", "malformed", `malformed outcome batch: ${dec.reason}`);
+      else { this.d.log.warn({ reason: dec.reason }, "malformed outcome refused"); m.term(); }
+      return;
+    }
+    // Failed on every delivery so far: parked (the reconcile still finds a lost outcome from PostgreSQL).
+    if (this.d.dead?.exhausted(m)) { await this.d.dead.park(m, "dependency", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); return; }
     for (const o of dec.value.outcomes) await this.onOutcome(o);
     m.ack();
   }

@@ -1,14 +1,14 @@
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Clock, Logger, Names } from "../../common/index.ts";
 import {
-  EventBatchV2Schema, NODE_EVENTS_CONSUMER_RE, decode, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type RunEvent,
+  EventBatchV2Schema, NODE_EVENTS_CONSUMER_RE, decode, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 
 /**
  * A delivered message, or the part of one that concerns one shard (a node-level event batch is
  * split per shard, and acked when every part was).
  */
-export interface Ackable { ack(): void; nak(delayMs?: number): void }
+export interface Ackable { ack(): void; nak(delayMs?: number): void; info?: { deliveryCount?: number } }
 
 /** What the router needs of a shard actor: take a shard's part of a batch, or say it is not active. */
 export interface EventSink { acceptEvents(events: RunEvent[], instance: string, part: Ackable): boolean }
@@ -24,6 +24,8 @@ export interface NodeEventsDeps {
   sinkOf: (shard: number) => EventSink | undefined;
   /** Lifetime of each pull request (kept below the lease TTL, like the shard consumers'). */
   pullExpiresMs: number;
+  /** Where batches that can never be processed are parked (without it they are only terminated). */
+  dead?: DeadLetters;
 }
 
 /** How long a dead node's drained events consumer is kept before it is deleted (its late events still find it). */
@@ -83,14 +85,23 @@ export class NodeEvents {
 
   private onMessage(m: JsMsg): void {
     const dec = decode(EventBatchV2Schema, m.data);
-    if (!dec.ok) { this.refused(dec.reason, m.seq); m.term(); return; }
+    if (!dec.ok) {
+      this.refused(dec.reason, m.seq);
+      if (this.d.dead) void this.d.dead.park(m, "node-events", "malformed", `malformed event batch: ${dec.reason}`); else m.term();
+      return;
+    }
+    // Failed on every delivery so far (each failure restarted a shard): parked, not tried again.
+    if (this.d.dead?.exhausted(m)) { void this.d.dead.park(m, "node-events", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); return; }
     this.stats.batches++;
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
     let failed = false;
-    const settle = () => { if (--open === 0) { if (failed) m.nak(1000); else m.ack(); } };
+    // The longest delay a part asked for: 1 s for a hand-back (a shard that moved), the back-off of
+    // nakLater (from this message's delivery count, which parts carry) for a failed round.
+    let delayMs = 0;
+    const settle = () => { if (--open === 0) { if (failed) m.nak(delayMs); else m.ack(); } };
     for (const [shard, events] of parts) {
-      const part: Ackable = { ack: settle, nak: () => { failed = true; settle(); } };
+      const part: Ackable = { ack: settle, nak: (d) => { failed = true; delayMs = Math.max(delayMs, d ?? 1000); settle(); }, info: m.info };
       const sink = this.d.sinkOf(shard);
       if (sink?.acceptEvents(events, dec.value.instance, part)) { this.stats.applied += events.length; continue; }
       this.forward(shard, events, dec.value.executor, dec.value.instance, `f:${this.d.nodeId}:${m.info.streamSequence}:${shard}`).then(part.ack, part.nak);

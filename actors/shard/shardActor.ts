@@ -1,10 +1,10 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import { jetstreamManager, type JetStreamClient, type ConsumerMessages } from "@nats-io/jetstream";
+import { jetstreamManager, type JetStreamClient, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
   DependencyTriggerSchema, EventBatchV1Schema, EventCatchUp, connectionUptime, decode, derivedRunId, encode, ensureShardConsumer, jetStreamProgress, newRunId, runToken,
-  nodeEventsConsumer, shardEventsConsumer, tokenMatches,
-  type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
+  nakLater, nodeEventsConsumer, shardEventsConsumer, tokenMatches,
+  type DeadCause, type DeadLetters, type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import { HashedWheel, type WheelRef } from "../wheel/index.ts";
@@ -56,6 +56,8 @@ export interface ShardActorDeps {
   dispatchSecret: Uint8Array;
   /** Told when a write was refused for a stale epoch: the shard must stop. */
   onFenced: (shard: number) => void;
+  /** Where messages that can never be processed are parked (without it they are only terminated). */
+  dead?: DeadLetters;
   events?: ShardEvents;
   random?: () => number;
 }
@@ -344,8 +346,10 @@ export class ShardActor implements EventSink {
       for await (const m of evMsgs) {
         if (this.state !== "active") { m.nak(); continue; } // handed back at once for the next owner
         const dec = decode(EventBatchV1Schema, m.data);
-        if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed event batch refused"); m.term(); continue; }
-        if (dec.value.shard !== this.shard) { this.log.warn({ got: dec.value.shard }, "event batch for another shard refused"); m.term(); continue; }
+        if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); continue; }
+        if (dec.value.shard !== this.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.shard}'s subject`); continue; }
+        // Failed on every delivery so far (each failure restarted the shard): parked, not tried again.
+        if (this.d.dead?.exhausted(m)) { this.park(m, "shard-events", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); continue; }
         this.tell({ t: "events", events: dec.value.events, instance: dec.value.instance, msg: m });
       }
     })().then(() => this.consumerEnded("event consumer ended"), (e) => this.consumerEnded(`event consumer failed: ${String(e)}`)));
@@ -353,10 +357,17 @@ export class ShardActor implements EventSink {
       for await (const m of trMsgs) {
         if (this.state !== "active") { m.nak(); continue; }
         const dec = decode(DependencyTriggerSchema, m.data);
-        if (!dec.ok) { this.log.warn({ reason: dec.reason, seq: m.seq }, "malformed dependency trigger refused"); m.term(); continue; }
+        if (!dec.ok) { this.park(m, "shard-trigger", "malformed", `malformed dependency trigger: ${dec.reason}`); continue; }
+        if (this.d.dead?.exhausted(m)) { this.park(m, "shard-trigger", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); continue; }
         this.tell({ t: "trigger", trig: dec.value, msg: m });
       }
     })().then(() => this.consumerEnded("trigger consumer ended"), (e) => this.consumerEnded(`trigger consumer failed: ${String(e)}`)));
+  }
+
+  /** A message this shard can never process: parked as a dead letter (or only terminated without a sink). */
+  private park(m: JsMsg, consumer: string, cause: DeadCause, reason: string): void {
+    if (this.d.dead) void this.d.dead.park(m, consumer, cause, reason);
+    else { this.log.warn({ reason, seq: m.seq }, "message refused"); m.term(); }
   }
 
   /**
@@ -426,7 +437,7 @@ export class ShardActor implements EventSink {
           // (fires that were not recorded are still due there; events come back unacked).
           this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; shard restarts from PostgreSQL");
           for (const m of batch) {
-            if (m.t === "events" || m.t === "trigger") m.msg.nak(1000);
+            if (m.t === "events" || m.t === "trigger") nakLater(m.msg);
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
           this.fence(`round failed: ${String(e)}`);
@@ -1195,7 +1206,7 @@ export class ShardActor implements EventSink {
     if (slotEvent) for (const [outcome, count] of ledger.slotOutcomes(round.write.ledger ?? [], round.write.runInserts)) slotEvent({ shard: this.shard, outcome, count });
     // The events this round recorded are durable now: acked at once, so JetStream can hand out more.
     for (const m of round.acks) m.ack();
-    for (const m of round.naks) m.nak(1000);
+    for (const m of round.naks) m.nak(1000); // "not now" (overlap, lease), not a failure: no back-off
     // Effects are pipelined one deep: this round's publishes and due-index updates go out once the
     // previous round's are done (Redis sees one shard's adds and removes in round order).
     const previous = this.effects;

@@ -2,6 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connectNats, names } from "../../common/index.ts";
 import type { AxNode } from "../../ops/node.ts";
+import { Store } from "../../actors/index.ts";
+import { controlKey, signPlan } from "../../cluster/index.ts";
 import { TestCluster } from "../cluster.ts";
 import { waitFor } from "../helpers.ts";
 
@@ -77,14 +79,55 @@ describe("hints, plans and commands are validated and bounded", () => {
     nc.publish(`${n.heartbeatSubject}.plan`, enc({ v: 1, id: "neg", ttlMs: 1000, moves: [{ shard: -1, to: "real" }] }));
     nc.publish(`${n.heartbeatSubject}.plan`, enc({ v: 1, id: "over", ttlMs: 1000, moves: [{ shard: 8, to: "real" }] }));
     nc.publish(`${n.heartbeatSubject}.plan`, enc({ v: 1, id: "twice", ttlMs: 1000, moves: [{ shard: 1, to: "a" }, { shard: 1, to: "b" }] }));
-    // Well-formed small plans to a node that does not exist: 16 are kept (harmless), the rest refused.
+    // Small plans without a sender and signature (the form before plans were signed): all refused.
     for (let i = 0; i < 40; i++) nc.publish(`${n.heartbeatSubject}.plan`, enc({ v: 1, id: `small-${i}`, ttlMs: 600_000, moves: [{ shard: i % 8, to: "nobody" }] }));
     await nc.flush();
-    await waitFor(async () => (await refused("plan")) === before + 100 + 3 + 24, 30_000, "127 plans refused");
+    await waitFor(async () => (await refused("plan")) === before + 100 + 3 + 40, 30_000, "143 plans refused");
     await firesGoOn(3);
     expect(node.ownedShards().length).toBe(tc.config.shardCount);
     expect(process.memoryUsage().rss - rss0).toBeLessThan(300 * 1024 * 1024);
   });
+
+  it("attack: plans without the cluster's signature, from a node that is not a live member, replayed late, or moving shards to non-members — refused; the node keeps every shard", async () => {
+    const store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 1 });
+    const key = controlKey(await store.dispatchSecret().finally(() => store.close()));
+    const plan = (over: Record<string, unknown>, signWith: Uint8Array | null = key) => {
+      const p = { v: 1 as const, id: `p-${Math.random()}`, from: "real", at: Date.now(), ttlMs: 60_000, moves: [{ shard: 0, to: "real" }], ...over };
+      return enc({ ...p, mac: signWith ? signPlan(signWith, p) : "forged" });
+    };
+    const before = await refused("plan");
+    const send = (b: Uint8Array) => nc.publish(`${n.heartbeatSubject}.plan`, b);
+    send(plan({ moves: [{ shard: 0, to: "nobody" }] }, null)); // no valid signature
+    send(plan({ moves: [{ shard: 0, to: "nobody" }] }, new Uint8Array(32))); // signed with another key
+    send(plan({ from: "not-a-member", moves: [{ shard: 1, to: "real" }] })); // a sender that does not heartbeat
+    send(plan({ at: Date.now() - 3_600_000 })); // replayed an hour later
+    send(plan({ moves: [{ shard: 2, to: "nobody" }, { shard: 3, to: "ghost-2" }] })); // only to non-members: dropped, nothing left
+    await nc.flush();
+    await waitFor(async () => (await refused("plan")) === before + 5, 5_000, "5 plans refused");
+    // A signed plan from the live node to itself is accepted (nothing to move: it owns everything).
+    send(plan({}));
+    await nc.flush();
+    await firesGoOn(2);
+    expect(await refused("plan")).toBe(before + 5);
+    expect(node.ownedShards().length).toBe(tc.config.shardCount);
+  });
+
+  it("a signed plan from a live member moves a shard to another live member (and nothing is refused)", async () => {
+    const before = await refused("plan");
+    const second = await tc.startNode("second");
+    try {
+      await tc.waitForShards();
+      await waitFor(() => second.ownedShards().length > 0, 15_000, "the second node owns shards");
+      // Not shard 0: the accepted plan of the test before pins it to the real node while it lasts.
+      const s = node.ownedShards().find((x) => x !== 0)!;
+      node.supervisor.requestHandover(s, "second");
+      await waitFor(() => second.ownedShards().includes(s), 20_000, `shard ${s} moved to the second node by the plan`);
+      expect(await refused("plan")).toBe(before);
+      expect((await second.metrics.refused.get()).values.find((v) => v.labels.cause === "plan")?.value ?? 0).toBe(0);
+    } finally { await tc.stopNode(second); }
+    await waitFor(() => node.ownedShards().length === tc.config.shardCount, 15_000, "the real node owns everything again");
+    await firesGoOn(2);
+  }, 60_000);
 
   it("attack: `null` (and garbage) on every shard's command subject — refused, no shard restarts, still firing", async () => {
     const before = await refused("shard.cmd");
