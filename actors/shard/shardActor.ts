@@ -1187,7 +1187,7 @@ export class ShardActor implements EventSink {
     } catch (e) {
       // Not durable: the only consistent state is PostgreSQL's. The events come back unacked; the
       // supervisor loads the shard afresh.
-      for (const m of round.acks) m.nak(1000);
+      for (const m of round.acks) nakLater(m); // a failure: backed off, and counted towards parking
       if (this.state === "stopped") return; // an earlier round, or the lease, stopped it already
       this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round write failed; shard restarts from PostgreSQL");
       this.fence(`round write failed: ${String(e)}`);
