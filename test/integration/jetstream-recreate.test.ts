@@ -87,7 +87,7 @@ describe("the lease bucket is deleted under running nodes", () => {
     expect(after.config.description).toMatch(new RegExp(`epoch floor ${EPOCH_SPAN}$`));
     await tc.waitForShards(nodes);
     // Every shard was claimed again in the new incarnation, above every epoch of the old one.
-    await waitFor(async () => (await store.listShards()).every((s) => s.epoch > EPOCH_SPAN), 5_000, "every shard claimed under the new floor");
+    await waitFor(async () => (await store.listShards()).every((s) => s.epoch > EPOCH_SPAN), 15_000, "every shard claimed under the new floor");
     expect(nodes.reduce((k, x) => k + x.supervisor.stats.lost, 0)).toBeGreaterThan(0);
 
     // Firing goes on at the full rate.
@@ -102,7 +102,7 @@ describe("the lease bucket is deleted under running nodes", () => {
     const resume2 = await resumedAfter(t1, 2 * EPOCH_SPAN, 5_000);
     console.log(`second deletion: first run under the next floor fired ${resume2} ms later`);
     expect((await jsm.streams.info(bucket)).config.description).toMatch(new RegExp(`epoch floor ${2 * EPOCH_SPAN}$`));
-    await waitFor(async () => (await store.listShards()).every((s) => s.epoch > 2 * EPOCH_SPAN), 5_000, "every shard claimed under the second floor");
+    await waitFor(async () => (await store.listShards()).every((s) => s.epoch > 2 * EPOCH_SPAN), 15_000, "every shard claimed under the second floor");
     await sleep(1500);
 
     noSlotTwiceEpochsUp();
