@@ -110,7 +110,8 @@ export class Persister {
     try {
       for (;;) {
         const batch = this.take(256);
-        if (!batch.length) break; // empty, or only shards another lane is writing (it takes them next)
+        // Empty, or only writes of shards another lane is writing: that lane takes them on its next turn.
+        if (!batch.length) break;
         const shards = new Set(batch.map((b) => b.write.shard));
         for (const sh of shards) this.writingShards.add(sh);
         const t0 = performance.now();
@@ -140,8 +141,6 @@ export class Persister {
     } finally {
       this.inFlight--;
     }
-    // Writes left queued for a shard that was being written: this lane is free now.
-    if (this.queue.length && this.inFlight + this.starting < this.lanes) { this.starting++; setImmediate(() => { this.starting--; void this.drain(); }); }
   }
 
   /** Up to `max` queued writes, in queue order, of shards no lane is writing now. */

@@ -378,8 +378,7 @@ export class ShardActor implements EventSink {
   private consumerEnded(why: string): void {
     if (this.state !== "active") return;
     this.log.warn({ why }, "shard restarts: a consumer stopped delivering");
-    this.fence(why);
-    this.d.onFenced(this.shard);
+    this.restart(why);
   }
 
   private scheduleRefill(): void {
@@ -440,8 +439,7 @@ export class ShardActor implements EventSink {
             if (m.t === "events" || m.t === "trigger") nakLater(m.msg);
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
-          this.fence(`round failed: ${String(e)}`);
-          this.d.onFenced(this.shard);
+          this.restart(`round failed: ${String(e)}`);
           return;
         }
       }
@@ -1148,6 +1146,7 @@ export class ShardActor implements EventSink {
    */
   private submitRound(round: Round, batch: Mail[]): void {
     for (const id of round.touched) {
+      this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
       const lt = this.live.get(id);
       if (!lt) continue;
       const r = lt.row;
@@ -1159,7 +1158,6 @@ export class ShardActor implements EventSink {
       };
       round.write.taskUpdates.push(u);
     }
-    for (const id of round.touched) this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
     const submitted = this.d.persister.submit(round.write, round.dispatch);
@@ -1190,16 +1188,14 @@ export class ShardActor implements EventSink {
       for (const m of round.acks) nakLater(m); // a failure: backed off, and counted towards parking
       if (this.state === "stopped") return; // an earlier round, or the lease, stopped it already
       this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round write failed; shard restarts from PostgreSQL");
-      this.fence(`round write failed: ${String(e)}`);
-      this.d.onFenced(this.shard);
+      this.restart(`round write failed: ${String(e)}`);
       return;
     }
     if (result.stale) {
       for (const m of round.acks) m.nak();
       if (this.state === "stopped") return;
       this.log.error("epoch is no longer current: write refused, shard stops");
-      this.fence("epoch is no longer current");
-      this.d.onFenced(this.shard);
+      this.restart("epoch is no longer current");
       return;
     }
     const slotEvent = this.d.events?.["slots:accounted"];
@@ -1398,6 +1394,12 @@ export class ShardActor implements EventSink {
     const places = [...this.reserved.values()];
     this.reserved.clear();
     for (const executor of places) this.d.limiter.release(executor);
+  }
+
+  /** Stops now (see fence) and has the supervisor load the shard afresh from PostgreSQL. */
+  private restart(reason: string): void {
+    this.fence(reason);
+    this.d.onFenced(this.shard);
   }
 
   /** Lease lost, or a round/start that failed: stop now, write nothing more. `reason` says which. */
