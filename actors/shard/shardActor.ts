@@ -1288,7 +1288,10 @@ export class ShardActor implements EventSink {
         }
       }
       // Recorded ahead of their due time by the previous owner: published at it, never before.
-      const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs)
+      // Tried again while this actor holds the shard, as a first publish is (a NATS leader election
+      // can outlast the few seconds a plain retry allows; the runs' timeouts start only after this).
+      const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs,
+        { keepTrying: () => this.state !== "stopped" && this.d.leaseValid() })
         .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
       const releaseAt = Math.max(...runs.map((r) => r.firedAt));
       if (releaseAt <= now) jobs.push(send());
