@@ -6,7 +6,7 @@ export { Persister, replayParts, type ShardDispatchRun } from "./persister.ts";
 export { NodeEvents } from "./events/index.ts";
 export { InFlightLimiter } from "./limiter.ts";
 export { Store, DueIndex, findCycle } from "./store/index.ts";
-export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, TaskDefUpdate, ShardWrite, TriggerRow, AuditRow, AuditTrail, HistoryRow, TaskHistory } from "./store/index.ts";
+export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, TaskDefUpdate, ShardWrite, TriggerRow, AuditRow, AuditTrail, HistoryRow, TaskHistory, AlertHooks, AlertHookRow, BrowseReads } from "./store/index.ts";
 export { applyEvent, initialRecord, type TaskRecord, type TaskState } from "./machine/index.ts";
 export { HashedWheel } from "./wheel/index.ts";
 export { parseTrigger, compileTrigger, preview, previewMarks, planAfter, type TriggerSpec, type CompiledTrigger, type PreviewMark } from "./triggers/index.ts";

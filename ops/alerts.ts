@@ -1,5 +1,5 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { Pool } from "pg";
+import type { AlertHooks } from "../actors/index.ts";
 import { InvalidInputError, type Clock, type Logger } from "../common/index.ts";
 import type { Metrics } from "./metrics.ts";
 
@@ -53,22 +53,16 @@ export function parseHook(a: Record<string, unknown>): AlertHook {
 }
 
 /** `alerts.set`, `alerts.ls`, `alerts.rm` on the namespace's alert_hooks table. */
-export async function alertsOp(pool: Pool, op: string, a: Record<string, unknown>, nowMs: number): Promise<unknown> {
-  if (op === "alerts.ls") {
-    const r = await pool.query("select scope, target, nats_subject, webhook_url, events from alert_hooks order by scope, target");
-    return r.rows.map((x) => ({ scope: x.scope, target: x.target, nats: x.nats_subject, webhook: x.webhook_url, on: x.events }));
-  }
+export async function alertsOp(hooks: AlertHooks, op: string, a: Record<string, unknown>, nowMs: number): Promise<unknown> {
+  if (op === "alerts.ls") return hooks.list();
   if (op === "alerts.rm") {
     const scope = a.task !== undefined ? "task" : "executor";
     const target = String(a.task ?? a.executor ?? "");
-    const r = await pool.query("delete from alert_hooks where scope = $1 and target = $2", [scope, target]);
-    if (!r.rowCount) throw new InvalidInputError(scope, target, "no alert hook for it", "AX_E_NOT_FOUND");
+    if (!(await hooks.remove(scope, target))) throw new InvalidInputError(scope, target, "no alert hook for it", "AX_E_NOT_FOUND");
     return { removed: { scope, target } };
   }
   const h = parseHook(a);
-  await pool.query(`insert into alert_hooks (scope, target, nats_subject, webhook_url, events, created_ms) values ($1, $2, $3, $4, $5, $6)
-    on conflict (scope, target) do update set nats_subject = excluded.nats_subject, webhook_url = excluded.webhook_url, events = excluded.events`,
-  [h.scope, h.target, h.nats, h.webhook, h.on, nowMs]);
+  await hooks.put(h, nowMs);
   return h;
 }
 
@@ -79,7 +73,7 @@ export function alertMessage(e: AlertEvent, ctx: { namespace: string; node: stri
   return { text, ax: { ...e, at: new Date(e.atMs).toISOString(), namespace: ctx.namespace, node: ctx.node } };
 }
 
-export interface AlertDeps { pool: Pool; nc: NatsConnection; log: Logger; metrics: Metrics; clock: Clock; namespace: string; node: string; reloadMs?: number; webhookTimeoutMs?: number }
+export interface AlertDeps { hooks: AlertHooks; nc: NatsConnection; log: Logger; metrics: Metrics; clock: Clock; namespace: string; node: string; reloadMs?: number; webhookTimeoutMs?: number }
 
 /**
  * Sends alerts for the events of this node's shards to the hooks configured per task (first)
@@ -134,8 +128,7 @@ export class AlertDispatcher {
     if (this.d.clock.monotonic() - this.loadedAt < this.reloadMs) return Promise.resolve();
     this.loading ??= (async () => {
       try {
-        const r = await this.d.pool.query("select scope, target, nats_subject, webhook_url, events from alert_hooks");
-        this.hooks = new Map(r.rows.map((x) => [`${x.scope}:${x.target}`, { scope: x.scope, target: x.target, nats: x.nats_subject, webhook: x.webhook_url, on: x.events } as AlertHook]));
+        this.hooks = new Map((await this.d.hooks.list()).map((x) => [`${x.scope}:${x.target}`, x as AlertHook]));
         this.loadedAt = this.d.clock.monotonic();
       } finally { this.loading = null; }
     })();

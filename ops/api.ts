@@ -313,7 +313,7 @@ export class Api {
       case "failures": return failures(this.browse, args);
       case "executors.inflight": return inFlightByExecutor(this.browse);
       case "run.show": return this.showRun(args);
-      case "alerts.set": case "alerts.ls": case "alerts.rm": return alertsOp(this.d.store.pool, op, args, this.d.clock.now());
+      case "alerts.set": case "alerts.ls": case "alerts.rm": return alertsOp(this.d.store.alertHooks, op, args, this.d.clock.now());
       case "task.preview": return this.previewTask(args);
       case "task.pause": return this.toShard(args, "pause");
       case "task.resume": return this.toShard(args, "resume");

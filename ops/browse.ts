@@ -1,4 +1,3 @@
-import type { Pool } from "pg";
 import { InvalidInputError } from "../common/index.ts";
 import type { RunRow, Store, TaskRow } from "../actors/index.ts";
 
@@ -33,12 +32,6 @@ export function parseTags(v: unknown): string[] {
   return [...new Set(list as string[])].sort();
 }
 
-async function tagsOf(pool: Pool, ids: number[]): Promise<Map<number, string[]>> {
-  if (!ids.length) return new Map();
-  const r = await pool.query("select id, tags from tasks where id = any($1::bigint[])", [ids]);
-  return new Map(r.rows.map((x) => [Number(x.id), x.tags as string[]]));
-}
-
 /**
  * `task.search { q?, state?, executor?, tag?, limit? (1-500, 50), offset? }` → `{ total, offset,
  * limit, items }`: tasks whose name contains `q` (any case), in that state, of that executor,
@@ -54,28 +47,22 @@ export async function searchTasks(d: BrowseDeps, a: Record<string, unknown>): Pr
   const limit = intArg("limit", a.limit, 1, 500, 50);
   const offset = intArg("offset", a.offset, 0, 10_000_000, 0);
   const like = q === null ? null : `%${q.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
-  const where = `($1::text is null or t.name ilike $1) and ($2::text is null or t.state = $2) and ($3::text is null or t.executor = $3) and ($4::text is null or t.tags @> array[$4::text])`;
-  const params = [like, state, executor, tag];
-  const [count, page] = await Promise.all([
-    d.store.pool.query(`select count(*)::int as n from tasks t where ${where}`, params),
-    d.store.pool.query(`select t.id from tasks t where ${where} order by t.name limit $5 offset $6`, [...params, limit, offset]),
-  ]);
-  const ids = page.rows.map((r) => Number(r.id));
-  const [rows, tags] = await Promise.all([Promise.all(ids.map((id) => d.store.getTask(id))), tagsOf(d.store.pool, ids)]);
+  const { total, ids } = await d.store.browse.searchTasks({ nameLike: like, state, executor, tag }, limit, offset);
+  const [rows, tags] = await Promise.all([Promise.all(ids.map((id) => d.store.getTask(id))), d.store.browse.tagsOf(ids)]);
   const items = rows.filter((t): t is TaskRow => t !== null).map((t) => ({ ...(d.publicTask(t) as object), tags: tags.get(t.id) ?? [] }));
-  return { total: count.rows[0].n as number, offset, limit, items };
+  return { total, offset, limit, items };
 }
 
 /** `task.tag { task, tags }`: replaces the task's tags. */
 export async function tagTask(d: BrowseDeps, task: TaskRow, a: Record<string, unknown>): Promise<unknown> {
   const tags = parseTags(a.tags);
-  await d.store.pool.query("update tasks set tags = $2 where id = $1", [task.id, tags]);
+  await d.store.browse.setTags(task.id, tags);
   return { task: task.name, tags };
 }
 
 /** The tags of one task (task.show adds them). */
 export async function taskTags(d: BrowseDeps, id: number): Promise<string[]> {
-  return (await tagsOf(d.store.pool, [id])).get(id) ?? [];
+  return (await d.store.browse.tagsOf([id])).get(id) ?? [];
 }
 
 /**
@@ -88,15 +75,10 @@ export async function failures(d: BrowseDeps, a: Record<string, unknown>): Promi
   const offset = intArg("offset", a.offset, 0, 10_000_000, 0);
   const executor = optStr(a.executor);
   const from = d.nowMs() - sinceMs;
-  const where = "state in ('failed','timed_out') and created_ms >= $1 and ($2::text is null or executor = $2)";
-  const [count, page, uf] = await Promise.all([
-    d.store.pool.query(`select count(*)::int as n from runs where ${where}`, [from, executor]),
-    d.store.pool.query(`select id from runs where ${where} order by created_ms desc, id desc limit $3 offset $4`, [from, executor, limit, offset]),
-    d.store.pool.query("select name, executor from tasks where state = 'upstream_failed' and ($1::text is null or executor = $1) order by name limit 200", [executor]),
-  ]);
-  const runs = await d.store.getRuns(page.rows.map((r) => r.id as string));
+  const f = await d.store.browse.failures(from, executor, limit, offset);
+  const runs = await d.store.getRuns(f.runIds);
   runs.sort((x, y) => y.createdMs - x.createdMs || (y.id < x.id ? -1 : 1));
-  return { total: count.rows[0].n as number, since: new Date(from).toISOString(), offset, limit, items: runs.map(d.publicRun), upstreamFailed: uf.rows };
+  return { total: f.total, since: new Date(from).toISOString(), offset, limit, items: runs.map(d.publicRun), upstreamFailed: f.upstreamFailed };
 }
 
 /** The attempts of the retry chain `run` belongs to, oldest first (at most 50 each way). */
@@ -111,9 +93,9 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   }
   cur = run;
   for (let i = 0; i < 50; i++) {
-    const r = await d.store.pool.query("select id from runs where task_id = $1 and caused_by = $2 and source = 'retry' limit 1", [run.taskId, cur.id]);
-    if (!r.rowCount) break;
-    const next = await d.store.getRun(r.rows[0].id as string);
+    const id = await d.store.browse.retryOf(run.taskId, cur.id);
+    if (id === null) break;
+    const next = await d.store.getRun(id);
     if (!next) break;
     chain.push(next);
     cur = next;
@@ -121,8 +103,7 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   return chain;
 }
 
-/** `executors.inflight`: runs recorded `running` per executor, cluster-wide (the partial index runs_running serves it). */
-export async function inFlightByExecutor(d: BrowseDeps): Promise<Record<string, number>> {
-  const r = await d.store.pool.query("select executor, count(*)::int as n from runs where state = 'running' group by executor");
-  return Object.fromEntries(r.rows.map((x) => [x.executor as string, x.n as number]));
+/** `executors.inflight`: runs recorded `running` per executor, cluster-wide. */
+export function inFlightByExecutor(d: BrowseDeps): Promise<Record<string, number>> {
+  return d.store.browse.runningByExecutor();
 }

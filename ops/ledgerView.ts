@@ -42,27 +42,24 @@ export class LedgerView {
   constructor(private readonly store: Store, private readonly now: () => number) { this.ledger = new LedgerStore(store.pool); }
 
   private async slotRuns(taskId: number, fromMs: number, toMs: number): Promise<RunRow[]> {
-    const r = await this.store.pool.query("select id from runs where task_id = $1 and slot_ms between $2 and $3 and source <> 'retry' order by slot_ms, created_ms limit 5000", [taskId, fromMs, toMs]);
-    return this.store.getRuns(r.rows.map((x) => x.id as string));
+    return this.store.getRuns(await this.store.browse.slotRunIds(taskId, fromMs, toMs));
   }
 
   /** The first catch-up run of the task recorded at or after `ms` (what a misfire decision fired). */
   private async catchUpAfter(taskId: number, ms: number): Promise<RunRow | null> {
-    const r = await this.store.pool.query("select id from runs where task_id = $1 and source = 'misfire' and created_ms >= $2 order by created_ms limit 1", [taskId, ms]);
-    return r.rowCount ? (await this.store.getRuns([r.rows[0].id as string]))[0] ?? null : null;
+    const id = await this.store.browse.catchUpAfter(taskId, ms);
+    return id === null ? null : (await this.store.getRuns([id]))[0] ?? null;
   }
 
   private async retryOf(runId: string): Promise<RunRow | null> {
-    const r = await this.store.pool.query("select id from runs where caused_by = $1 order by created_ms limit 1", [runId]);
-    return r.rowCount ? (await this.store.getRuns([r.rows[0].id as string]))[0] ?? null : null;
+    const id = await this.store.browse.firstCausedBy(runId);
+    return id === null ? null : (await this.store.getRuns([id]))[0] ?? null;
   }
 
   private async audit(task: TaskRow): Promise<Audit[]> {
     try {
-      const r = await this.store.pool.query("select at_ms, who, op from audit where task = any($1::text[]) and op in ('task.pause', 'task.resume') and ok order by at_ms",
-        [[task.name, String(task.id)]]);
-      return r.rows.map((x) => ({ atMs: Number(x.at_ms), who: x.who as string, op: x.op as string }));
-    } catch { return []; } // no audit table yet
+      return await this.store.audit.pausesAndResumes([task.name, String(task.id)]);
+    } catch { return []; } // the audit trail unreadable: the explanation goes without it
   }
 
   /** Sentences about one non-run interval (the slot, when given, is the one asked about). */

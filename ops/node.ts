@@ -167,7 +167,7 @@ export class AxNode {
       onRefused: (cause, e) => this.refusals.note(cause, e),
       controlKey: controlKey(this.dispatchSecret),
     });
-    this.alerts = new AlertDispatcher({ pool: this.store.pool, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
+    this.alerts = new AlertDispatcher({ hooks: this.store.alertHooks, nc: this.nc, log: this.log, metrics: this.metrics, clock: this.clock, namespace: c.namespace, node: this.id });
     this.wireMetricSources(jsm);
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,

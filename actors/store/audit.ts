@@ -24,6 +24,13 @@ export class AuditTrail {
       [e.atMs, e.who, e.op, e.task, JSON.stringify(e.args), e.ok, e.error]);
   }
 
+  /** Successful pauses and resumes of a task (by any of its names), oldest first; none before the table exists. */
+  async pausesAndResumes(names: string[]): Promise<Array<{ atMs: number; who: string; op: string }>> {
+    await this.ensure();
+    const r = await this.pool.query("select at_ms, who, op from audit where task = any($1::text[]) and op in ('task.pause', 'task.resume') and ok order by at_ms", [names]);
+    return r.rows.map((x) => ({ atMs: Number(x.at_ms), who: x.who as string, op: x.op as string }));
+  }
+
   async list(opts: { task?: string; limit: number }): Promise<AuditRow[]> {
     await this.ensure();
     const r = await this.pool.query("select * from audit where ($1::text is null or task = $1) order by id desc limit $2", [opts.task ?? null, opts.limit]);

@@ -1,4 +1,6 @@
 export { Store, findCycle, type StoreOptions } from "./store.ts";
+export type { BrowseReads, TaskFilter } from "./browseReads.ts";
+export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";
 export { DueIndex } from "./dueIndex.ts";
 export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts";
 export type { AuditRow, AuditTrail } from "./audit.ts";

@@ -8,6 +8,8 @@ import { AuditTrail } from "./audit.ts";
 import { TaskHistory } from "./history.ts";
 import { ExecutorInstances } from "./executorInstances.ts";
 import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
+import { BrowseReads } from "./browseReads.ts";
+import { AlertHooks } from "./alertHooks.ts";
 import { LEDGER_UPSERT, ledgerJson } from "./ledgerStore.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
@@ -83,6 +85,9 @@ export class Store {
   /** Definition changes of tasks (ax task update / apply). */
   readonly history: TaskHistory;
   readonly executorInstances: ExecutorInstances;
+  /** Listings and explanations (ops/browse.ts, ops/ledgerView.ts). */
+  readonly browse: BrowseReads;
+  readonly alertHooks: AlertHooks;
   constructor(opts: StoreOptions) {
     this.schema = opts.schema;
     this.pool = new pg.Pool({
@@ -114,6 +119,8 @@ export class Store {
     this.audit = new AuditTrail(this.pool);
     this.history = new TaskHistory(this.pool);
     this.executorInstances = new ExecutorInstances(this.pool);
+    this.browse = new BrowseReads(this.pool);
+    this.alertHooks = new AlertHooks(this.pool);
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
