@@ -68,18 +68,26 @@ const BYTES_PER_MESSAGE = 512 * 1024;
  * and JetStream drops the copy if the first publish had landed.
  *
  * Up to `lanes` batches are in flight at once. A shard actor may have two rounds submitted (it
- * decides the next one while the previous is written); a shard's writes are applied in the order
- * they were submitted: both in one batch (one transaction; the statements apply the rows in
- * submission order), or the later one in a batch that starts after the earlier one's committed —
- * a lane never takes a write of a shard another lane is writing. Batches of different shards
- * touch disjoint rows. A second lane only starts while the first is busy, so under load writes
- * still coalesce into large batches.
+ * decides the next one while the previous is written). Writes that touch a common row (a task, a
+ * run) are applied in the order they were submitted: both in one batch (one transaction; the
+ * statements apply the rows in submission order), or the later one in a batch that starts after
+ * the earlier one's committed — a lane never takes a write that touches a row of a batch another
+ * lane is writing, nor one that touches a row of an earlier write left queued. Writes with no row
+ * in common (most of a shard's consecutive rounds: the tasks due in one are not those due in the
+ * next) are written side by side, one shard's as well as different shards'. No cross-row order
+ * is relied on: a round's rows are consistent by themselves (a task's ledger watermark is in its
+ * own row; a run's update touches the row its insert wrote, so the two keep their order). If an
+ * earlier write then fails after a later one of the same shard committed, the shard restarts from
+ * PostgreSQL as after any failed write, and PostgreSQL holds the later round's rows as a crash
+ * between the two would have left them. A second lane only starts while the first is busy, so under load writes still
+ * coalesce into large batches.
  */
 export class Persister {
   private queue: Queued[] = [];
   private inFlight = 0;
-  /** Shards with a write in a batch being written: another lane leaves their next writes queued. */
-  private readonly writingShards = new Set<number>();
+  /** Tasks and runs with a write in a batch being written (counted: two lanes may hold one task's fire and an unrelated round's ledger row): another lane leaves writes that touch them queued. */
+  private readonly writingTasks = new Map<number, number>();
+  private readonly writingRuns = new Set<string>();
   /** Runs whose message is being published (tried again until it lands while their shards are held). */
   private readonly publishing = new Set<string>();
   private readonly lanes: number;
@@ -112,8 +120,7 @@ export class Persister {
         const batch = this.take(256);
         // Empty, or only writes of shards another lane is writing: that lane takes them on its next turn.
         if (!batch.length) break;
-        const shards = new Set(batch.map((b) => b.write.shard));
-        for (const sh of shards) this.writingShards.add(sh);
+        for (const b of batch) this.mark(b.write, 1);
         const t0 = performance.now();
         let messages: Message[] = [];
         try {
@@ -135,7 +142,7 @@ export class Persister {
           for (const m of messages) for (const r of m.runs) this.held.delete(r.runId);
           for (const b of batch) b.reject(e);
         } finally {
-          for (const sh of shards) this.writingShards.delete(sh);
+          for (const b of batch) this.mark(b.write, -1);
         }
       }
     } finally {
@@ -143,14 +150,31 @@ export class Persister {
     }
   }
 
-  /** Up to `max` queued writes, in queue order, of shards no lane is writing now. */
+  /**
+   * Up to `max` queued writes, in queue order, that touch no task or run of a batch being written
+   * nor of an earlier write left queued (so writes of one row keep their order).
+   */
   private take(max: number): Queued[] {
-    if (!this.writingShards.size) return this.queue.splice(0, max);
+    if (!this.writingTasks.size && !this.writingRuns.size) return this.queue.splice(0, max);
     const out: Queued[] = [];
     const rest: Queued[] = [];
-    for (const q of this.queue) (out.length < max && !this.writingShards.has(q.write.shard) ? out : rest).push(q);
+    const heldTasks = new Set<number>();
+    const heldRuns = new Set<string>();
+    for (const q of this.queue) {
+      if (out.length < max && !touches(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) { out.push(q); continue; }
+      rest.push(q);
+      rowsOf(q.write, (t) => heldTasks.add(t), (r) => heldRuns.add(r));
+    }
     this.queue = rest;
     return out;
+  }
+
+  /** Counts (+1) or uncounts (-1) the rows of a write in a batch being written. */
+  private mark(w: ShardWrite, by: 1 | -1): void {
+    rowsOf(w, (t) => {
+      const n = (this.writingTasks.get(t) ?? 0) + by;
+      if (n > 0) this.writingTasks.set(t, n); else this.writingTasks.delete(t);
+    }, (r) => { if (by > 0) this.writingRuns.add(r); else this.writingRuns.delete(r); });
   }
 
   /**
@@ -343,4 +367,23 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }
   }
+}
+
+/** Calls `task` for each task row a write changes (its update, definition change, ledger rows) and `run` for each run row. */
+function rowsOf(w: ShardWrite, task: (id: number) => void, run: (id: string) => void): void {
+  for (const u of w.taskUpdates) task(u.id);
+  if (w.defUpdates) for (const u of w.defUpdates) task(u.id);
+  if (w.ledger) for (const l of w.ledger) task(l.taskId);
+  for (const r of w.runInserts) run(r.id);
+  for (const r of w.runUpdates) run(r.id);
+}
+
+/** Whether a write changes a task row `task` says yes to or a run row `run` says yes to. */
+function touches(w: ShardWrite, task: (id: number) => boolean, run: (id: string) => boolean): boolean {
+  for (const u of w.taskUpdates) if (task(u.id)) return true;
+  if (w.defUpdates) for (const u of w.defUpdates) if (task(u.id)) return true;
+  if (w.ledger) for (const l of w.ledger) if (task(l.taskId)) return true;
+  for (const r of w.runInserts) if (run(r.id)) return true;
+  for (const r of w.runUpdates) if (run(r.id)) return true;
+  return false;
 }

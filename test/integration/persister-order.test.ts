@@ -6,8 +6,9 @@ import { testConfig, testNamespace, waitFor } from "../helpers.ts";
 
 /**
  * A shard actor decides its next round while the previous one is written, so the node's round
- * (Persister) may hold two writes of one shard at once. Against PostgreSQL: one shard's writes
- * land in submission order even with two lanes, and a run withdrawn while its write is queued or
+ * (Persister) may hold two writes of one shard at once. Against PostgreSQL: writes that touch a
+ * common task or run land in submission order even with two lanes, writes with no row in common
+ * are written side by side (one shard's too), and a run withdrawn while its write is queued or
  * being written is never published. The store is the real one; only its write is gated, to hold
  * a batch open; the JetStream publish is recorded (no executor here).
  */
@@ -33,6 +34,9 @@ function write(shard: number, runIds: string[], extra: Partial<ShardWrite> = {})
   };
 }
 
+/** A task row update of task 1 (the row every test write may share). */
+const touchTask1 = (state: string) => ({ taskUpdates: [{ id: 1, state, record: {}, triggerSlots: {}, nextDueMs: null, nextSlotMs: null, nextTriggerId: null, nextSource: null, nextReason: null, nextCausedBy: null }] });
+
 function dispatch(shard: number, runIds: string[], releaseAt: number): Map<string, ShardDispatchRun[]> {
   return new Map([["e", runIds.map((runId) => ({ runId, taskId: 1, taskName: "t", attempt: 1, source: "once" as const, payload: null, scheduledAt: releaseAt, firedAt: releaseAt, timeoutMs: 30_000, shard }))]]);
 }
@@ -55,7 +59,7 @@ beforeAll(async () => {
 afterAll(async () => { await store.dropNamespace(); await store.close(); });
 
 describe("persister: one shard's writes in flight together", () => {
-  it("a second lane leaves a shard's next write queued until its first is committed, and takes other shards meanwhile", async () => {
+  it("a second lane leaves a write queued while a row it touches is being written, and takes writes of other rows meanwhile", async () => {
     gates = []; published = [];
     const p = persister();
     const a1 = p.submit(write(1, ["a1"]));
@@ -64,7 +68,7 @@ describe("persister: one shard's writes in flight together", () => {
     const a2 = p.submit(write(1, [], { runUpdates: [{ id: "a1", state: "success", finishedMs: NOW + 1 }] }));
     const b1 = p.submit(write(2, ["b1"]));
     await waitFor(() => gates.length === 2, 2000, "the second lane to start");
-    expect(gates[1]!.shards).toEqual([2]); // not shard 1: its first write is not committed yet
+    expect(gates[1]!.shards).toEqual([2]); // not shard 1's second write: the insert of a1 is not committed yet
     gates[1]!.release();
     await b1;
     expect(gates.length).toBe(2); // a2 still waits for a1
@@ -83,9 +87,9 @@ describe("persister: one shard's writes in flight together", () => {
     gates = []; published = [];
     const p = persister();
     const due = Date.now() + 300;
-    const w1 = p.submit(write(3, ["w1", "k1"]), dispatch(3, ["w1", "k1"], due));
+    const w1 = p.submit(write(3, ["w1", "k1"], touchTask1("running")), dispatch(3, ["w1", "k1"], due));
     await waitFor(() => gates.length === 1, 2000, "the batch to start");
-    const w2 = p.submit(write(3, ["w2"]), dispatch(3, ["w2"], due)); // queued behind w1 (same shard)
+    const w2 = p.submit(write(3, ["w2"], touchTask1("running")), dispatch(3, ["w2"], due)); // queued behind w1 (task 1)
     expect(p.withdraw("w1")).toBe(true); // in the batch being written
     expect(p.withdraw("w2")).toBe(true); // still queued
     gates[0]!.release();
@@ -95,5 +99,32 @@ describe("persister: one shard's writes in flight together", () => {
     await (await w2).published;
     expect(published).toEqual(["k1"]);
     expect(p.withdraw("k1")).toBe(false); // published already
+  });
+
+  it("one shard's next round with no row in common is written beside its first; a later write of a row waits behind an earlier queued write of it", async () => {
+    gates = []; published = [];
+    const p = persister();
+    const c1 = p.submit(write(0, ["c1"], touchTask1("running")));
+    await waitFor(() => gates.length === 1, 2000, "the first batch to start");
+    // Shard 0's next rounds: c2 touches task 1 (c1 is writing it); c3 touches no row of c1 but
+    // updates the run c2 inserts; c4 touches nothing of the others.
+    const c2 = p.submit(write(0, ["c2"], touchTask1("idle")));
+    const c3 = p.submit(write(0, [], { runUpdates: [{ id: "c2", state: "success", finishedMs: NOW + 2 }] }));
+    const c4 = p.submit(write(0, ["c4"]));
+    await waitFor(() => gates.length === 2, 2000, "the second lane to start");
+    await new Promise((r) => setTimeout(r, 50));
+    expect(gates.length).toBe(2);
+    gates[1]!.release();
+    await c4; // written beside c1, although the same shard's
+    expect((await store.pool.query("select count(*)::int as n from runs where id in ('c1', 'c4')")).rows[0].n).toBe(1);
+    gates[0]!.release();
+    await c1;
+    await waitFor(() => gates.length === 3, 2000, "c2 and c3");
+    gates[2]!.release();
+    await Promise.all([c2, c3]);
+    const t = await store.pool.query("select state from tasks where id = 1");
+    expect(t.rows[0].state).toBe("idle"); // c2 after c1
+    const r = await store.pool.query("select state, finished_ms from runs where id = 'c2'");
+    expect(r.rows[0]).toMatchObject({ state: "success", finished_ms: NOW + 2 }); // c3 after c2, in one batch or after it
   });
 });
