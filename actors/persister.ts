@@ -48,6 +48,15 @@ export interface Submitted {
   published: Promise<void>;
 }
 
+/**
+ * Rows per batch (one transaction), about: a batch's runs are published only once it is
+ * committed, so a batch of everything queued turned the node into a convoy at the in-flight
+ * bound (5,000 runs fired in one batch, published together, completed together, their places
+ * freed together and taken by the next 5,000 in one batch again). Batches of this size stream
+ * through the two lanes: the first runs go out while later ones are written.
+ */
+const MAX_BATCH_ROWS = 2000;
+
 /** Runs per dispatch message: big enough to amortise a JetStream publish, small enough for a few KB payloads each under 1 MB. */
 const RUNS_PER_MESSAGE = 256;
 /** Roughly the bytes of a message before it is cut (payloads vary; NATS refuses messages over its max_payload, 1 MB by default). */
@@ -93,7 +102,8 @@ export class Persister {
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
-  readonly stats = { batches: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
+  /** `beside`: batches started while another lane was writing; `leftQueued`: times a lane passed over a queued write (a row in common, or the batch full). */
+  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
   constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
@@ -120,6 +130,7 @@ export class Persister {
         const batch = this.take(256);
         // Empty, or only writes of shards another lane is writing: that lane takes them on its next turn.
         if (!batch.length) break;
+        if (this.writingTasks.size || this.writingRuns.size) this.stats.beside++;
         for (const b of batch) this.mark(b.write, 1);
         const t0 = performance.now();
         let messages: Message[] = [];
@@ -151,20 +162,32 @@ export class Persister {
   }
 
   /**
-   * Up to `max` queued writes, in queue order, that touch no task or run of a batch being written
-   * nor of an earlier write left queued (so writes of one row keep their order).
+   * Queued writes, in queue order, up to `maxWrites` writes and about MAX_BATCH_ROWS rows (at
+   * least one write), that touch no task or run of a batch being written nor of an earlier write
+   * left queued (so writes of one row keep their order).
    */
-  private take(max: number): Queued[] {
-    if (!this.writingTasks.size && !this.writingRuns.size) return this.queue.splice(0, max);
+  private take(maxWrites: number): Queued[] {
     const out: Queued[] = [];
     const rest: Queued[] = [];
+    const checkRows = this.writingTasks.size > 0 || this.writingRuns.size > 0;
     const heldTasks = new Set<number>();
     const heldRuns = new Set<string>();
-    for (const q of this.queue) {
-      if (out.length < max && !touches(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) { out.push(q); continue; }
-      rest.push(q);
-      rowsOf(q.write, (t) => heldTasks.add(t), (r) => heldRuns.add(r));
+    let rows = 0;
+    let i = 0;
+    for (; i < this.queue.length; i++) {
+      const q = this.queue[i]!;
+      const n = rowCount(q.write);
+      if (out.length && (out.length >= maxWrites || rows + n > MAX_BATCH_ROWS)) break;
+      if ((checkRows || heldTasks.size || heldRuns.size) && touches(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) {
+        rest.push(q);
+        this.stats.leftQueued++;
+        rowsOf(q.write, (t) => heldTasks.add(t), (r) => heldRuns.add(r));
+        continue;
+      }
+      out.push(q);
+      rows += n;
     }
+    for (; i < this.queue.length; i++) rest.push(this.queue[i]!);
     this.queue = rest;
     return out;
   }
@@ -367,6 +390,11 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }
   }
+}
+
+/** Rows a write changes (its ledger and definition rows counted too). */
+function rowCount(w: ShardWrite): number {
+  return w.runInserts.length + w.runUpdates.length + w.taskUpdates.length + (w.ledger?.length ?? 0) + (w.defUpdates?.length ?? 0);
 }
 
 /** Calls `task` for each task row a write changes (its update, definition change, ledger rows) and `run` for each run row. */
