@@ -88,13 +88,13 @@ const BYTES_PER_MESSAGE = 512 * 1024;
  * own row; a run's update touches the row its insert wrote, so the two keep their order). If an
  * earlier write then fails after a later one of the same shard committed, the shard restarts from
  * PostgreSQL as after any failed write, and PostgreSQL holds the later round's rows as a crash
- * between the two would have left them. A second lane only starts while the first is busy, so under load writes still
- * coalesce into large batches.
+ * between the two would have left them. A second lane only starts while the first is busy, so
+ * under load writes still coalesce, into batches of up to about MAX_BATCH_ROWS rows.
  */
 export class Persister {
   private queue: Queued[] = [];
   private inFlight = 0;
-  /** Tasks and runs with a write in a batch being written (counted: two lanes may hold one task's fire and an unrelated round's ledger row): another lane leaves writes that touch them queued. */
+  /** Tasks and runs with a write in a batch being written (counted: one batch may hold two writes of a task, one shard's consecutive rounds): another lane leaves writes that touch them queued. */
   private readonly writingTasks = new Map<number, number>();
   private readonly writingRuns = new Set<string>();
   /** Runs whose message is being published (tried again until it lands while their shards are held). */
@@ -128,7 +128,7 @@ export class Persister {
     try {
       for (;;) {
         const batch = this.take(256);
-        // Empty, or only writes of shards another lane is writing: that lane takes them on its next turn.
+        // Empty, or only writes of rows another lane is writing: that lane takes them on its next turn.
         if (!batch.length) break;
         if (this.writingTasks.size || this.writingRuns.size) this.stats.beside++;
         for (const b of batch) this.mark(b.write, 1);
