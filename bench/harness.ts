@@ -28,7 +28,7 @@ async function ensureBuilt(): Promise<void> {
 
 /**
  * How the node and the executor are started. Everything left undefined is the product default,
- * i.e. what `ax node` with no flags uses (AX_SHARDS 64, AX_TICK 20ms, AX_MAX_IN_FLIGHT 5000,
+ * i.e. what `ax node` with no flags uses (AX_SHARDS 64, AX_TICK 20ms, AX_MAX_IN_FLIGHT 20000,
  * lease and heartbeat defaults, no V8 flags). Setting shards, tickMs, maxInFlight, nodeFlags or
  * extraEnv makes the run an exploration (run.ts labels its rows and keeps them out of the table).
  */

@@ -5,7 +5,7 @@
  *
  * Scenarios: seed-50k, seed-500k, max-rate, burst, idle-1m, create, shards (see SCENARIOS below).
  * ax runs at the product defaults (what `ax node` uses with no flags: 64 shards, 20 ms tick,
- * in-flight bound 5000; one node, one executor instance of concurrency 100); BullMQ on its own
+ * in-flight bound 20000; one node, one executor instance of concurrency 100); BullMQ on its own
  * redis-server with hz 100, one worker of concurrency 100. See docs/BENCHMARKS.md, "Method".
  * Options:
  *   --quick            scaled-down sizes (each scenario well under a minute)

@@ -73,7 +73,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_TICK: "20ms",
   AX_LEAD: "100ms",
   AX_WHEEL_SIZE: "512",
-  AX_MAX_IN_FLIGHT: "5000",
+  AX_MAX_IN_FLIGHT: "20000",
   AX_DEAD_AFTER: "8",
   AX_LEASE_TTL: "6s",
   AX_HEARTBEAT: "1s",
