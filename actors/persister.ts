@@ -178,10 +178,10 @@ export class Persister {
       const q = this.queue[i]!;
       const n = rowCount(q.write);
       if (out.length && (out.length >= maxWrites || rows + n > MAX_BATCH_ROWS)) break;
-      if ((checkRows || heldTasks.size || heldRuns.size) && touches(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) {
+      if ((checkRows || heldTasks.size || heldRuns.size) && eachRow(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) {
         rest.push(q);
         this.stats.leftQueued++;
-        rowsOf(q.write, (t) => heldTasks.add(t), (r) => heldRuns.add(r));
+        eachRow(q.write, (t) => { heldTasks.add(t); }, (r) => { heldRuns.add(r); });
         continue;
       }
       out.push(q);
@@ -194,7 +194,7 @@ export class Persister {
 
   /** Counts (+1) or uncounts (-1) the rows of a write in a batch being written. */
   private mark(w: ShardWrite, by: 1 | -1): void {
-    rowsOf(w, (t) => {
+    eachRow(w, (t) => {
       const n = (this.writingTasks.get(t) ?? 0) + by;
       if (n > 0) this.writingTasks.set(t, n); else this.writingTasks.delete(t);
     }, (r) => { if (by > 0) this.writingRuns.add(r); else this.writingRuns.delete(r); });
@@ -397,17 +397,11 @@ function rowCount(w: ShardWrite): number {
   return w.runInserts.length + w.runUpdates.length + w.taskUpdates.length + (w.ledger?.length ?? 0) + (w.defUpdates?.length ?? 0);
 }
 
-/** Calls `task` for each task row a write changes (its update, definition change, ledger rows) and `run` for each run row. */
-function rowsOf(w: ShardWrite, task: (id: number) => void, run: (id: string) => void): void {
-  for (const u of w.taskUpdates) task(u.id);
-  if (w.defUpdates) for (const u of w.defUpdates) task(u.id);
-  if (w.ledger) for (const l of w.ledger) task(l.taskId);
-  for (const r of w.runInserts) run(r.id);
-  for (const r of w.runUpdates) run(r.id);
-}
-
-/** Whether a write changes a task row `task` says yes to or a run row `run` says yes to. */
-function touches(w: ShardWrite, task: (id: number) => boolean, run: (id: string) => boolean): boolean {
+/**
+ * Walks the rows a write changes: `task` for each task row (its update, definition change, ledger
+ * rows), `run` for each run row. Stops at the first callback that returns true, and says so.
+ */
+function eachRow(w: ShardWrite, task: (id: number) => boolean | void, run: (id: string) => boolean | void): boolean {
   for (const u of w.taskUpdates) if (task(u.id)) return true;
   if (w.defUpdates) for (const u of w.defUpdates) if (task(u.id)) return true;
   if (w.ledger) for (const l of w.ledger) if (task(l.taskId)) return true;

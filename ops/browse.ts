@@ -93,7 +93,7 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   }
   cur = run;
   for (let i = 0; i < 50; i++) {
-    const id = await d.store.browse.retryOf(run.taskId, cur.id);
+    const id = await d.store.retryOf(run.taskId, cur.id);
     if (id === null) break;
     const next = await d.store.getRun(id);
     if (!next) break;

@@ -52,7 +52,7 @@ export class LedgerView {
   }
 
   private async retryOf(runId: string): Promise<RunRow | null> {
-    const id = await this.store.browse.firstCausedBy(runId);
+    const id = await this.store.browse.firstRunCausedBy(runId);
     return id === null ? null : (await this.store.getRuns([id]))[0] ?? null;
   }
 

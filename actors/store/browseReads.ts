@@ -43,14 +43,8 @@ export class BrowseReads {
     return { total: count.rows[0].n as number, runIds: page.rows.map((r) => r.id as string), upstreamFailed: uf.rows };
   }
 
-  /** The retry that `runId` caused, if any. */
-  async retryOf(taskId: number, runId: string): Promise<string | null> {
-    const r = await this.pool.query("select id from runs where task_id = $1 and caused_by = $2 and source = 'retry' limit 1", [taskId, runId]);
-    return r.rowCount ? (r.rows[0].id as string) : null;
-  }
-
-  /** The first run `runId` caused (a retry, a downstream run), if any. */
-  async firstCausedBy(runId: string): Promise<string | null> {
+  /** The first run `runId` caused (a retry, a downstream run), if any; Store.firstCausedBy does this for many runs of known tasks. */
+  async firstRunCausedBy(runId: string): Promise<string | null> {
     const r = await this.pool.query("select id from runs where caused_by = $1 order by created_ms limit 1", [runId]);
     return r.rowCount ? (r.rows[0].id as string) : null;
   }
