@@ -50,7 +50,11 @@ export class OwnNatsServer {
     return p;
   }
 
+  /** SIGSTOP freezes the server with its connections open (nothing answered, nothing refused); SIGCONT resumes it. */
+  signal(sig: "SIGSTOP" | "SIGCONT"): void { this.proc?.kill(sig); }
+
   async stop(): Promise<void> {
+    this.proc?.kill("SIGCONT");
     const p = this.proc;
     if (p && p.exitCode === null) {
       const exited = new Promise((r) => p.once("exit", r));

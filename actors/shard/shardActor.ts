@@ -114,6 +114,11 @@ interface InFlightRun {
   ledgerBefore?: { key: string; value: number | undefined };
   /** When the executor reported the start (run duration metrics). */
   startedMs?: number;
+  /**
+   * When its dispatch landed in JetStream, if that was well after it was released (a publish
+   * retried through a NATS restart or a stream leader election): its timeout counts from here.
+   */
+  visibleMs?: number;
 }
 
 interface LiveTask {
@@ -177,6 +182,8 @@ interface Round {
 }
 
 const GRACE_MS = 1000;
+/** A dispatch that lands this much after its release gives its runs their timeout from then (noteLatePublish). */
+const LATE_PUBLISH_MS = 250;
 /** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
 const MAX_ROUNDS_WRITING = 2;
 
@@ -889,6 +896,11 @@ export class ShardActor implements EventSink {
       run.ref = this.wheel.add(now + run.timeoutMs, { k: 1, runId });
       return;
     }
+    if (run.visibleMs !== undefined && now < run.visibleMs + run.timeoutMs) {
+      // Its dispatch became visible late: the executor has had less than its timeout so far.
+      run.ref = this.wheel.add(run.visibleMs + run.timeoutMs, { k: 1, runId });
+      return;
+    }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;
     if (!this.catchUp.covers(from)) {
       // Its completion may sit unread in the events stream (a reload after an outage, a lagging consumer).
@@ -1242,7 +1254,26 @@ export class ShardActor implements EventSink {
     if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
     if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
+    if (round.dispatch.size) void published.then(() => this.noteLatePublish(round));
     if (round.replies.length) void published.then(() => { for (const r of round.replies) r(); });
+  }
+
+  /**
+   * A run's timeout is armed at its release, on the assumption that its dispatch is visible
+   * within moments. While the publish is retried the timeout is held (isPublishing); once it
+   * lands late, the run is given its whole timeout from then, as the executor gives its handler:
+   * otherwise a run whose dispatch waited out a 4 s election would have 1 s of a 5 s timeout left,
+   * and a completion still on its way would find the run timed out (and retried beside it).
+   */
+  private noteLatePublish(round: Round): void {
+    const at = this.d.clock.now();
+    for (const list of round.dispatch.values()) {
+      for (const r of list) {
+        if (at - r.firedAt < LATE_PUBLISH_MS) continue;
+        const run = this.inFlight.get(r.runId);
+        if (run) run.visibleMs = at;
+      }
+    }
   }
 
   /**
