@@ -1,4 +1,5 @@
-export { Store, findCycle, type StoreOptions } from "./store.ts";
+export { Store, type StoreOptions } from "./store.ts";
+export { findCycle } from "./graph.ts";
 export type { BrowseReads, TaskFilter } from "./browseReads.ts";
 export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";
 export { DueIndex } from "./dueIndex.ts";

@@ -1,16 +1,17 @@
 import { randomBytes } from "node:crypto";
 import pg from "pg";
-import { AxError, InvalidInputError } from "../../common/index.ts";
+import { InvalidInputError } from "../../common/index.ts";
 import { dropSchema, migrate, quoteIdent } from "./schema.ts";
-import { fullRecord, storedRecord } from "./recordCodec.ts";
+import { fullRecord } from "./recordCodec.ts";
 import { DependencyEdges } from "./edges.ts";
 import { AuditTrail } from "./audit.ts";
 import { TaskHistory } from "./history.ts";
 import { ExecutorInstances } from "./executorInstances.ts";
-import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
 import { BrowseReads } from "./browseReads.ts";
+import { FencedWriter } from "./fencedWrite.ts";
+import { DependencyGraph } from "./graph.ts";
+import { TaskRegistration } from "./taskRegistration.ts";
 import { AlertHooks } from "./alertHooks.ts";
-import { LEDGER_UPSERT, ledgerJson } from "./ledgerStore.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow, TriggerRow } from "./types.ts";
 
 // bigint (int8) columns hold ids and epoch milliseconds, all well below 2^53.
@@ -78,6 +79,7 @@ const PARTITION_TIMEOUTS = { connectionTimeoutMillis: 10_000, query_timeout: 60_
 export class Store {
   readonly pool: pg.Pool;
   private readonly writePool: pg.Pool;
+  private readonly fenced: FencedWriter;
   readonly schema: string;
   /** The dependency graph's edges (the dependency actor's reads and writes). */
   readonly edges: DependencyEdges;
@@ -88,6 +90,8 @@ export class Store {
   /** Listings and explanations (ops/browse.ts, ops/ledgerView.ts). */
   readonly browse: BrowseReads;
   readonly alertHooks: AlertHooks;
+  private readonly graph: DependencyGraph;
+  private readonly registration: TaskRegistration;
   constructor(opts: StoreOptions) {
     this.schema = opts.schema;
     this.pool = new pg.Pool({
@@ -111,6 +115,7 @@ export class Store {
       application_name: `ax:${opts.schema}`, pipeline: true, ...PARTITION_TIMEOUTS,
     } as pg.PoolConfig);
     this.writePool.on("error", () => undefined);
+    this.fenced = new FencedWriter(this.writePool);
     // A client checked out when its connection dies (postmaster killed, `pg_ctl stop -m fast`)
     // emits 'error' on itself, not on the pool: without a listener of its own that event ends
     // the process. Its query already fails with the same error, so the caller sees it.
@@ -121,6 +126,8 @@ export class Store {
     this.executorInstances = new ExecutorInstances(this.pool);
     this.browse = new BrowseReads(this.pool);
     this.alertHooks = new AlertHooks(this.pool);
+    this.graph = new DependencyGraph(this.pool, this.schema, (fn) => this.transaction(fn));
+    this.registration = new TaskRegistration(this.pool, this.schema, this.graph, (name) => this.getTask(name));
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }
@@ -299,168 +306,12 @@ export class Store {
 
   // ---- tasks (API side) -------------------------------------------------------------------
 
-  async createTask(t: NewTask): Promise<TaskRow> {
-    const c = await this.pool.connect();
-    try {
-      await c.query("begin");
-      const ex = await c.query("select 1 from executors where name = $1", [t.executor]);
-      if (!ex.rowCount) throw new InvalidInputError("executor", t.executor, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
-      if (t.upstreams.length) await this.lockGraph(c);
-      const id = Number((await c.query("select nextval(pg_get_serial_sequence('tasks', 'id')) as id")).rows[0].id);
-      const shard = t.shardOf(id);
-      try {
-        await c.query(
-          `insert into tasks (name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
-             shard, state, record, next_due_ms, next_slot_ms, next_source, next_reason, created_ms, updated_ms, id, apply_set)
-           values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$17,$18,$19)`,
-          [t.name, t.executor, JSON.stringify(t.payload ?? null), t.timeoutMs, t.maxAttempts, t.backoffMs, t.backoffMaxMs, t.misfire,
-            t.overlap, shard, t.state, JSON.stringify(storedRecord(t.record)), t.nextDueMs, t.nextSlotMs, t.nextSource, t.nextReason, t.nowMs, id, t.applySet ?? null]);
-      } catch (e) {
-        if ((e as { code?: string }).code === "23505") throw new InvalidInputError("name", t.name, "a task with this name already exists", "AX_E_CONFLICT");
-        throw e;
-      }
-      let firstTrigger: number | null = null;
-      const set: string[] = [];
-      for (const tr of t.triggers) {
-        const spec = JSON.stringify(tr.spec);
-        const r = await c.query("insert into triggers (kind, spec, created_ms) values ($1, $2, $3) returning id", [tr.kind, spec, t.nowMs]);
-        const trId = r.rows[0].id as number;
-        firstTrigger ??= trId;
-        set.push(triggerSetEntry(trId, tr.kind, spec));
-        await c.query("insert into task_triggers (task_id, trigger_id) values ($1, $2)", [id, trId]);
-      }
-      if (set.length) await c.query("update tasks set next_trigger_id = $2, trigger_set = $3 where id = $1", [id, firstTrigger, `[${set.join(",")}]`]);
-      for (const up of t.upstreams) await this.insertEdge(c, id, up, t.nowMs);
-      await c.query("commit");
-    } catch (e) {
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
-    const row = await this.getTask(t.name);
-    return row!;
-  }
-
-  /**
-   * Bulk registration: many tasks in one transaction, written with COPY (tasks, triggers,
-   * task_triggers) and one unnest insert for dependency edges. Ids (tasks and triggers) are
-   * drawn from the sequences up front, so each task's shard (`shardOf(id)`) and first trigger
-   * are known before anything is written. All or nothing: an unknown executor or a name that
-   * already exists refuses the whole batch, naming the field and value.
-   *
-   * Upstreams must be existing tasks (the caller resolves them): a new task only gains
-   * in-edges, so no edge added here can close a cycle and no cycle check is needed.
-   */
-  async createTasksBulk(tasks: ReadonlyArray<BulkNewTask>, shardOf: (id: number) => number): Promise<BulkCreated[]> {
-    if (!tasks.length) return [];
-    const seen = new Set<string>();
-    for (const t of tasks) {
-      if (seen.has(t.name)) throw new InvalidInputError("name", t.name, "appears twice in the batch", "AX_E_CONFLICT");
-      seen.add(t.name);
-    }
-    const c = await this.pool.connect();
-    const out: BulkCreated[] = new Array(tasks.length);
-    let analyze = false;
-    try {
-      await c.query("begin");
-      const executors = [...new Set(tasks.map((t) => t.executor))];
-      // FOR KEY SHARE: what the foreign key check on tasks.executor would take, for the whole batch at once.
-      const known = new Set((await c.query("select name from executors where name = any($1::text[]) for key share", [executors])).rows.map((x) => x.name as string));
-      for (const e of executors) if (!known.has(e)) throw new InvalidInputError("executor", e, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
-      // The per-row foreign-key checks (executor, and both ends of each task_triggers link) are
-      // half of PostgreSQL's cost here and prove nothing new: the executors are locked above as
-      // the check would lock them, and the tasks and triggers linked are the ones this very
-      // transaction writes. A role allowed to (superuser) skips them for this transaction only,
-      // as pg_restore --disable-triggers does; other roles keep them.
-      if (await this.canSkipForeignKeyChecks(c)) await c.query("set local session_replication_role = replica");
-      const nTriggers = tasks.reduce((n, t) => n + t.triggers.length, 0);
-      const st = (await c.query(`select c.reltuples, coalesce(s.n_mod_since_analyze, 0) as mods from pg_class c
-        left join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'tasks'::regclass`)).rows[0] as { reltuples: number; mods: number } | undefined;
-      analyze = !st || st.reltuples < 0 || Number(st.mods) + tasks.length > st.reltuples;
-      const ids = await reserveIds(c, this.schema, "tasks", tasks.length);
-      const trIds = nTriggers ? await reserveIds(c, this.schema, "triggers", nTriggers) : [];
-      const T = new CopyText(); const TR = new CopyText(); const TT = new CopyText();
-      const recordJson = new Map<unknown, string>(); // records are shared per (maxAttempts, overlap): stringify once
-      const edges: { d: number[]; u: number[] } = { d: [], u: [] };
-      let k = 0;
-      for (let i = 0; i < tasks.length; i++) {
-        const t = tasks[i]!;
-        const id = ids[i]!;
-        const shard = shardOf(id);
-        let firstTrigger: number | null = null;
-        const set: string[] = [];
-        for (const tr of t.triggers) {
-          const trId = trIds[k++]!;
-          firstTrigger ??= trId;
-          const spec = JSON.stringify(tr.spec);
-          TR.line(`${trId}\t${cp(tr.kind)}\t${cp(spec)}\tt\t${t.nowMs}`);
-          TT.line(`${id}\t${trId}`);
-          set.push(triggerSetEntry(trId, tr.kind, spec));
-        }
-        let rec = recordJson.get(t.record);
-        if (rec === undefined) { rec = cp(JSON.stringify(storedRecord(t.record))); recordJson.set(t.record, rec); }
-        const payload = t.payload === null || t.payload === undefined ? "null" : cp(JSON.stringify(t.payload));
-        T.line(`${id}\t${cp(t.name)}\t${cp(t.executor)}\t${payload}\t${t.timeoutMs}\t${t.maxAttempts}\t${t.backoffMs}\t${t.backoffMaxMs}\t${cp(t.misfire)}\t${
-          cp(t.overlap)}\t${shard}\t${cp(t.state)}\t${rec}\t{}\t${cp(t.nextDueMs)}\t${cp(t.nextSlotMs)}\t${cp(firstTrigger)}\t${cp(t.nextSource)}\t${
-          cp(t.nextReason)}\t\\N\t${t.nowMs}\t${t.nowMs}\t${cp(`[${set.join(",")}]`)}\t${t.upstreams.length ? 1 : 0}`);
-        for (const up of t.upstreams) { edges.d.push(id); edges.u.push(up); }
-        out[i] = { id, name: t.name, shard, nextDueMs: t.nextDueMs };
-      }
-      // triggers first, then tasks, then the links (foreign keys are checked per row).
-      if (nTriggers) await copyIn(c, "copy triggers (id, kind, spec, enabled, created_ms) from stdin", TR.chunks());
-      try {
-        await copyIn(c, `copy tasks (id, name, executor, payload, timeout_ms, max_attempts, backoff_ms, backoff_max_ms, misfire, overlap,
-          shard, state, record, trigger_slots, next_due_ms, next_slot_ms, next_trigger_id, next_source, next_reason, next_caused_by,
-          created_ms, updated_ms, trigger_set, dep_flags) from stdin`, T.chunks());
-      } catch (e) {
-        const err = e as { code?: string; detail?: string };
-        if (err.code === "23505") {
-          const m = /\(name\)=\((.*)\) already exists/.exec(err.detail ?? "");
-          throw new InvalidInputError("name", m?.[1] ?? null, "a task with this name already exists", "AX_E_CONFLICT");
-        }
-        throw e;
-      }
-      if (nTriggers) await copyIn(c, "copy task_triggers (task_id, trigger_id) from stdin", TT.chunks());
-      if (edges.d.length) {
-        await this.lockGraph(c);
-        await c.query(
-          `insert into dependencies (downstream, upstream, created_ms) select d, u, $3 from unnest($1::bigint[], $2::bigint[]) x(d, u)
-           on conflict do nothing`, [edges.d, edges.u, tasks[0]!.nowMs]);
-        await c.query("update tasks set dep_flags = dep_flags | 2 where id = any($1::bigint[]) and dep_flags & 2 = 0", [[...new Set(edges.u)]]);
-      }
-      await c.query("commit");
-      // A table that doubled since its statistics were taken (or never had any) gets them soon:
-      // without, the planner guesses hundreds of triggers per task and the shard actors' task
-      // fetches turn into sequential scans. Doubling bounds this to a few ANALYZE runs however
-      // many tasks are loaded; it runs beside the callers (one at a time), not in their path.
-      if (analyze) this.analyzeSoon();
-    } catch (e) {
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
-    return out;
-  }
-
-  private analyzing: Promise<void> | null = null;
-  private analyzeAgain = false;
-  /** ANALYZE of the task tables in the background; calls while one runs fold into one more run. */
-  private analyzeSoon(): void {
-    if (this.analyzing) { this.analyzeAgain = true; return; }
-    this.analyzing = this.pool.query("analyze tasks; analyze triggers; analyze task_triggers").then(() => undefined, () => undefined).finally(() => {
-      this.analyzing = null;
-      if (this.analyzeAgain) { this.analyzeAgain = false; this.analyzeSoon(); }
-    });
-  }
+  /** One task, its triggers and its upstream edges, in one transaction (taskRegistration.ts). */
+  createTask(t: NewTask): Promise<TaskRow> { return this.registration.create(t); }
+  /** Many tasks in one transaction, written with COPY; all or nothing (taskRegistration.ts). */
+  createTasksBulk(tasks: ReadonlyArray<BulkNewTask>, shardOf: (id: number) => number): Promise<BulkCreated[]> { return this.registration.bulk(tasks, shardOf); }
   /** Resolves when no background ANALYZE is running (tests, close). */
-  async settled(): Promise<void> { while (this.analyzing) await this.analyzing; }
-
-  private skipFk: boolean | null = null;
-  private async canSkipForeignKeyChecks(c: pg.PoolClient): Promise<boolean> {
-    if (this.skipFk === null) {
-      const r = await c.query("select current_setting('is_superuser') = 'on' as su");
-      this.skipFk = r.rows[0].su === true && process.env.AX_BULK_FK_CHECKS !== "1";
-    }
-    return this.skipFk;
-  }
+  settled(): Promise<void> { return this.registration.settled(); }
 
   /** Ids of the tasks with these names (names not found are absent). */
   async taskIdsByName(names: string[]): Promise<Map<string, number>> {
@@ -538,63 +389,10 @@ export class Store {
 
   // ---- dependencies -------------------------------------------------------------------------
 
-  /** Serializes every change to the graph cluster-wide, so two concurrent edges cannot both pass the cycle check. */
-  private async lockGraph(c: pg.PoolClient): Promise<void> {
-    await c.query("select pg_advisory_xact_lock(hashtext($1))", [`ax-graph:${this.schema}`]);
-  }
-
-  private async insertEdge(c: pg.PoolClient, downstream: number, upstream: number, nowMs: number): Promise<void> {
-    if (downstream === upstream) throw new AxError("AX_E_CYCLE", "a task cannot depend on itself", { field: "after", value: upstream });
-    const r = await c.query("select downstream, upstream from dependencies");
-    const edges = r.rows.map((x) => [x.upstream as number, x.downstream as number] as const);
-    edges.push([upstream, downstream]);
-    const found = findCycle(edges);
-    if (found) {
-      // Named from the task being changed: "B → … → B" for `deps add B UPSTREAM`.
-      const at = found.indexOf(downstream);
-      const cycle = at > 0 ? [...found.slice(at, -1), ...found.slice(0, at), downstream] : found;
-      const names = await c.query("select id, name from tasks where id = any($1::bigint[])", [cycle]);
-      const byId = new Map(names.rows.map((x) => [x.id as number, x.name as string]));
-      const path = cycle.map((id) => byId.get(id) ?? String(id));
-      throw new AxError("AX_E_CYCLE", `dependency would close a cycle: ${path.join(" → ")}`, { field: "after", value: path });
-    }
-    await c.query("insert into dependencies (downstream, upstream, created_ms) values ($1, $2, $3) on conflict do nothing", [downstream, upstream, nowMs]);
-    // In the edge's transaction: a fetch that sees the edge sees the flags (see migration 6).
-    await c.query("update tasks set dep_flags = dep_flags | (case when id = $1 then 1 else 2 end) where id in ($1, $2)", [downstream, upstream]);
-  }
-
-  addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> {
-    return this.transaction(async (c) => {
-      await this.lockGraph(c);
-      await this.insertEdge(c, downstream, upstream, nowMs);
-    });
-  }
-
-  /**
-   * Removes an edge and recomputes both ends' dependency flags. Under the graph lock: a
-   * recompute racing an edge added at the same time could not see that edge and would clear a
-   * flag it needs (its downstream would then never be told of the upstream's outcome).
-   */
-  removeDependency(downstream: number, upstream: number): Promise<boolean> {
-    return this.transaction(async (c) => {
-      await this.lockGraph(c);
-      const r = await c.query("delete from dependencies where downstream = $1 and upstream = $2", [downstream, upstream]);
-      if (!r.rowCount) return false;
-      await c.query(`update tasks t set dep_flags = (case when exists (select 1 from dependencies d where d.downstream = t.id) then 1 else 0 end)
-        | (case when exists (select 1 from dependencies d where d.upstream = t.id) then 2 else 0 end) where t.id in ($1, $2)`, [downstream, upstream]);
-      return true;
-    });
-  }
-
-  async downstreamsOf(upstream: number): Promise<Array<{ id: number; name: string; shard: number }>> {
-    const r = await this.pool.query("select t.id, t.name, t.shard from dependencies d join tasks t on t.id = d.downstream where d.upstream = $1 order by t.id", [upstream]);
-    return r.rows.map((x) => ({ id: x.id, name: x.name, shard: x.shard }));
-  }
-
-  async allEdges(): Promise<Array<{ upstream: number; downstream: number }>> {
-    const r = await this.pool.query("select upstream, downstream from dependencies");
-    return r.rows.map((x) => ({ upstream: x.upstream, downstream: x.downstream }));
-  }
+  addDependency(downstream: number, upstream: number, nowMs: number): Promise<void> { return this.graph.add(downstream, upstream, nowMs); }
+  removeDependency(downstream: number, upstream: number): Promise<boolean> { return this.graph.remove(downstream, upstream); }
+  downstreamsOf(upstream: number): Promise<Array<{ id: number; name: string; shard: number }>> { return this.graph.downstreamsOf(upstream); }
+  allEdges(): Promise<Array<{ upstream: number; downstream: number }>> { return this.graph.allEdges(); }
 
   // ---- runs ------------------------------------------------------------------------------------
 
@@ -683,291 +481,12 @@ export class Store {
   }
 
   /**
-   * Fenced batch write. Inputs: writes from one or many shards, each under the epoch its
-   * actor believes current. Guarantee: in one transaction, each shard's `shards` row is locked
-   * FOR SHARE and its epoch compared; writes of a shard whose epoch is not current change
-   * nothing and the shard is returned in `stale`. Because `claimShard` needs the row lock, a
-   * new owner's claim waits for this transaction, and after it no write of the old epoch lands.
+   * Fenced batch write (fencedWrite.ts): writes from one or many shards in one transaction,
+   * each under the epoch its actor believes current; the shards whose epoch is not current
+   * change nothing and are returned in `stale`.
    */
-  async writeBatch(writes: ShardWrite[], dispatches: ReadonlyArray<DispatchRecord> = []): Promise<{ stale: number[] }> {
-    if (!writes.length) return { stale: [] };
-    const shards = writes.map((w) => w.shard); const epochs = writes.map((w) => w.epoch);
-    // One round trip: the statements are pipelined on one connection, so the writes cannot wait
-    // for the fence's answer. Each write statement therefore repeats the fence as a filter
-    // (`ok`): rows of a shard whose epoch is not current are not written. The first statement
-    // has locked the current shards' rows FOR SHARE, so their epochs cannot change before
-    // commit, and a stale epoch never becomes current again.
-    const ins = runInsertsJson(writes); const upd = runUpdatesJson(writes); const tasks = taskUpdatesJson(writes); const defs = definitionUpdatesJson(writes);
-    const c = await this.writePool.connect();
-    const jobs: Array<Promise<unknown>> = [];
-    // Corked: the whole transaction leaves in one write (a syscall per statement cost more than
-    // the statements at small batch sizes).
-    const stream = (c as unknown as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
-    stream?.cork?.();
-    try {
-      jobs.push(c.query("begin"));
-      const fence = c.query({ name: "ax_fence", text: `select s.shard from shards s join unnest($1::int[], $2::bigint[]) f(shard, epoch)
-        on s.shard = f.shard and s.epoch = f.epoch for share of s`, values: [shards, epochs] });
-      jobs.push(fence);
-      if (ins) jobs.push(c.query({ name: "ax_insert_runs", text: INSERT_RUNS, values: [ins, shards, epochs] }));
-      if (upd) jobs.push(c.query({ name: "ax_update_runs", text: UPDATE_RUNS, values: [upd, shards, epochs] }));
-      if (defs) jobs.push(c.query({ name: "ax_update_definitions", text: UPDATE_DEFINITIONS, values: [defs, shards, epochs, Date.now()] }));
-      if (tasks) jobs.push(c.query({ name: "ax_update_tasks", text: UPDATE_TASKS, values: [tasks, shards, epochs, Date.now()] }));
-      const ledger = ledgerJson(writes);
-      if (ledger) jobs.push(c.query({ name: "ax_ledger", text: LEDGER_UPSERT, values: [ledger, shards, epochs] }));
-      // Not fenced: a message row names runs; only the runs that were written are ever re-published.
-      if (dispatches.length) jobs.push(c.query({ name: "ax_insert_dispatches", text: INSERT_DISPATCHES, values: [JSON.stringify(dispatches)] }));
-      jobs.push(c.query("commit"));
-      stream?.uncork?.();
-      const settled = await Promise.allSettled(jobs);
-      const failed = settled.find((x): x is PromiseRejectedResult => x.status === "rejected");
-      // After a failed statement the server ignores the rest and answers "commit" with a rollback.
-      if (failed) throw failed.reason;
-      const ok = new Set((await fence).rows.map((x) => x.shard as number));
-      return { stale: writes.filter((w) => !ok.has(w.shard)).map((w) => w.shard) };
-    } catch (e) {
-      stream?.uncork?.();
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
+  writeBatch(writes: ShardWrite[], dispatches: ReadonlyArray<DispatchRecord> = []): Promise<{ stale: number[] }> {
+    return this.fenced.write(writes, dispatches);
   }
 }
 
-/** The fence as a filter: `ok` = shards of this batch whose epoch is the current one. */
-const FENCE_CTE = "with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch)";
-
-// Rows travel as one JSON array per statement (json_to_recordset): one native JSON.stringify
-// instead of twenty escaped array parameters, and jsonb columns arrive as JSON values. Each row
-// object is built once, straight from the shard's write, in the recordset's column order.
-
-const INSERT_RUNS = `${FENCE_CTE}
-  insert into runs (id, task_id, task_name, trigger_id, source, due_ms, slot_ms, due_reason, fired_ms, node, shard, epoch, attempt,
-    executor, state, error, caused_by, upstream_runs, finished_ms, created_ms, dispatch_id)
-  select u.id, u.task_id, u.task_name, u.trigger_id, u.source, u.due_ms, u.slot_ms, u.due_reason, u.fired_ms, u.node, u.shard, u.epoch,
-    u.attempt, u.executor, u.state, u.error, u.caused_by, u.upstream_runs, u.finished_ms, u.created_ms, u.dispatch_id
-  from json_to_recordset($1::json) as u(id text, task_id bigint, task_name text, trigger_id bigint, source text, due_ms bigint, slot_ms bigint,
-    due_reason text, fired_ms bigint, node text, shard int, epoch bigint, attempt int, executor text, state text, error text, caused_by text,
-    upstream_runs jsonb, finished_ms bigint, created_ms bigint, dispatch_id text)
-  where u.shard in (select shard from ok)
-  on conflict (id) do nothing`;
-
-function runInsertsJson(writes: ShardWrite[]): string | null {
-  const data: unknown[] = [];
-  for (const w of writes) {
-    for (const r of w.runInserts) {
-      data.push({
-        id: r.id, task_id: r.taskId, task_name: r.taskName, trigger_id: r.triggerId, source: r.source, due_ms: r.dueMs, slot_ms: r.slotMs,
-        due_reason: r.dueReason, fired_ms: r.firedMs, node: r.node, shard: r.shard, epoch: r.epoch, attempt: r.attempt, executor: r.executor,
-        state: r.state, error: r.error, caused_by: r.causedBy, upstream_runs: r.upstreamRuns, finished_ms: r.finishedMs ?? null, created_ms: r.createdMs,
-        dispatch_id: r.dispatchId ?? null,
-      });
-    }
-  }
-  return data.length ? JSON.stringify(data) : null;
-}
-
-const INSERT_DISPATCHES = `insert into dispatches (id, executor, node, run_ids, created_ms)
-  select u.id, u.executor, u.node, array(select json_array_elements_text(u."runIds")), u."createdMs"
-  from json_to_recordset($1::json) as u(id text, executor text, node text, "runIds" json, "createdMs" bigint)
-  on conflict (id) do nothing`;
-
-const UPDATE_RUNS = `${FENCE_CTE}
-  update runs r set state = coalesce(u.state, r.state), started_ms = coalesce(r.started_ms, u.started_ms),
-    finished_ms = coalesce(u.finished_ms, r.finished_ms), executor_instance = coalesce(u.instance, r.executor_instance),
-    error = coalesce(u.error, r.error),
-    -- A run that has its own outcome keeps it: a completion seen again (redelivered, or re-published
-    -- after a NATS restart to a shard loaded afresh) is not a late one.
-    late_outcome = case when r.state in ('success', 'failed') then r.late_outcome else coalesce(u.late, r.late_outcome) end,
-    result = coalesce(u.result, r.result)
-  from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text, result jsonb)
-  where r.id = u.id and r.shard = u.shard and u.shard in (select shard from ok)`;
-
-interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null; result?: unknown }
-
-function runUpdatesJson(writes: ShardWrite[]): string | null {
-  // Several updates of one run may arrive in one batch (a started event, then the end): folded
-  // into one row, a later value winning over an earlier one.
-  const folded = new Map<string, RunUpdateRow>();
-  for (const w of writes) {
-    for (const u of w.runUpdates) {
-      const prev = folded.get(u.id);
-      if (!prev) {
-        folded.set(u.id, { id: u.id, shard: w.shard, state: u.state ?? null, started_ms: u.startedMs ?? null, finished_ms: u.finishedMs ?? null,
-          instance: u.executorInstance ?? null, error: u.error ?? null, late: u.lateOutcome ?? null, ...(u.result !== undefined ? { result: u.result } : {}) });
-        continue;
-      }
-      if (u.state !== undefined) prev.state = u.state;
-      if (u.startedMs !== undefined) prev.started_ms = u.startedMs;
-      if (u.finishedMs !== undefined) prev.finished_ms = u.finishedMs;
-      if (u.executorInstance !== undefined) prev.instance = u.executorInstance;
-      if (u.error !== undefined) prev.error = u.error;
-      if (u.lateOutcome !== undefined) prev.late = u.lateOutcome;
-      if (u.result !== undefined) prev.result = u.result;
-    }
-  }
-  return folded.size ? JSON.stringify([...folded.values()]) : null;
-}
-
-const UPDATE_TASKS = `${FENCE_CTE}
-  update tasks t set state = u.state, record = u.record, trigger_slots = u.slots, next_due_ms = u.due, next_slot_ms = u.slot,
-    next_trigger_id = u.trig, next_source = u.source, next_reason = u.reason, next_caused_by = u.caused, updated_ms = $4
-  from json_to_recordset($1::json) as u(id bigint, shard int, state text, record jsonb, slots jsonb, due bigint, slot bigint, trig bigint,
-    source text, reason text, caused text)
-  where t.id = u.id and u.shard in (select shard from ok)`;
-
-function taskUpdatesJson(writes: ShardWrite[]): string | null {
-  // The last decision of a batch wins: the machine already folded the history.
-  const folded = new Map<number, unknown>();
-  for (const w of writes) {
-    for (const u of w.taskUpdates) {
-      folded.set(u.id, { id: u.id, shard: w.shard, state: u.state, record: storedRecord(u.record), slots: u.triggerSlots, due: u.nextDueMs, slot: u.nextSlotMs,
-        trig: u.nextTriggerId, source: u.nextSource, reason: u.nextReason, caused: u.nextCausedBy });
-    }
-  }
-  return folded.size ? JSON.stringify([...folded.values()]) : null;
-}
-
-/**
- * One element of `tasks.trigger_set` (migration 5), in the shape the fetch returns as a TriggerRow.
- * `specJson` is the spec already serialized for the triggers row; kind is one of four fixed words.
- */
-function triggerSetEntry(id: number, kind: TriggerRow["kind"], specJson: string): string {
-  return `{"id":${id},"kind":"${kind}","spec":${specJson},"enabled":true}`;
-}
-
-/** The id sequence of each table, resolved once per schema (tables never change sequence). */
-const sequenceOf = new Map<string, string>();
-
-/** `n` fresh ids from the table's id sequence (one round trip; returned as one comma-separated text, cheap to read). */
-async function reserveIds(c: pg.PoolClient, schema: string, table: string, n: number): Promise<number[]> {
-  const key = `${schema}.${table}`;
-  let seq = sequenceOf.get(key);
-  if (seq === undefined) {
-    seq = String((await c.query("select pg_get_serial_sequence($1, 'id') as s", [table])).rows[0].s);
-    sequenceOf.set(key, seq);
-  }
-  // nextval of a constant regclass: resolving the sequence per row cost 2-7 µs an id, this 0.5.
-  const r = await c.query({
-    text: `select string_agg(nextval('${seq.replace(/'/g, "''")}'::regclass)::text, ',') as ids from generate_series(1, $1::int)`,
-    values: [n], rowMode: "array",
-  });
-  const text = String((r.rows[0] as unknown[])[0]);
-  const out: number[] = new Array(n);
-  let k = 0; let v = 0;
-  for (let i = 0; i < text.length; i++) {
-    const ch = text.charCodeAt(i);
-    if (ch === 44) { out[k++] = v; v = 0; } else v = v * 10 + (ch - 48);
-  }
-  out[k++] = v;
-  if (k !== n) throw new AxError("AX_E_INTERNAL", `reserved ${k} ids of ${table}, wanted ${n}`);
-  return out;
-}
-
-/** A value for one column of a COPY text row: `\N` for null, backslash escapes. */
-function cp(v: string | number | null | undefined): string {
-  if (v === null || v === undefined) return "\\N";
-  if (typeof v === "number") return String(v);
-  return COPY_SPECIAL.test(v) ? v.replace(COPY_SPECIAL_G, escapeCopyChar) : v;
-}
-
-/** Rows in PostgreSQL's COPY text format, collected into chunks of about 256 KB. */
-class CopyText {
-  private parts: string[] = [];
-  private done: string[] = [];
-  private size = 0;
-  /** One row, already formatted (tab-separated values from `cp`, no newline). */
-  line(text: string): void {
-    this.parts.push(text);
-    this.size += text.length + 1;
-    if (this.size >= 262_144) this.flush();
-  }
-  private flush(): void {
-    if (this.parts.length) { this.parts.push(""); this.done.push(this.parts.join("\n")); }
-    this.parts = []; this.size = 0;
-  }
-  chunks(): string[] { this.flush(); return this.done; }
-}
-const COPY_SPECIAL = /[\\\n\r\t]/;
-const COPY_SPECIAL_G = /[\\\n\r\t]/g;
-const escapeCopyChar = (ch: string): string => (ch === "\\" ? "\\\\" : ch === "\n" ? "\\n" : ch === "\r" ? "\\r" : "\\t");
-
-/**
- * `COPY … FROM STDIN` on a pg client without an extra dependency: a submittable query that
- * answers the server's CopyInResponse with the data and resolves on ReadyForQuery.
- */
-function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number> {
-  return new Promise<number>((resolve, reject) => {
-    let settled = false;
-    let rows = 0;
-    const q = {
-      callback: undefined as unknown,
-      submit(con: { query(text: string): void }) { con.query(sql); },
-      handleCopyInResponse(con: { sendCopyFromChunk(b: Buffer): void; endCopyFrom(): void }) {
-        for (const ch of chunks) con.sendCopyFromChunk(Buffer.from(ch, "utf8"));
-        con.endCopyFrom();
-      },
-      handleCommandComplete(msg: { text?: string }) { rows = Number(/(\d+)$/.exec(msg.text ?? "")?.[1] ?? 0); },
-      // pg drops the active query on an error (no ReadyForQuery reaches it): settle here.
-      handleError(e: unknown) { if (!settled) { settled = true; reject(e); } },
-      handleReadyForQuery() { if (!settled) { settled = true; resolve(rows); } },
-      handleRowDescription() { /* none for COPY FROM */ },
-      handleDataRow() { /* none */ },
-      handleEmptyQuery() { /* none */ },
-      handlePortalSuspended() { /* none */ },
-      handleCopyData() { /* only for COPY TO */ },
-    };
-    (c as unknown as { query(q: unknown): void }).query(q);
-  });
-}
-
-/**
- * Kahn's topological sort over edges [upstream, downstream]; when nodes remain, walks the
- * remaining subgraph to name one cycle as a closed path (A, B, C, A).
- */
-export function findCycle(edges: ReadonlyArray<readonly [number, number]>): number[] | null {
-  const out = new Map<number, number[]>();
-  const indeg = new Map<number, number>();
-  for (const [a, b] of edges) {
-    if (!out.has(a)) out.set(a, []);
-    if (!out.has(b)) out.set(b, []);
-    out.get(a)!.push(b);
-    indeg.set(b, (indeg.get(b) ?? 0) + 1);
-    if (!indeg.has(a)) indeg.set(a, 0);
-  }
-  const queue = [...indeg].filter(([, d]) => d === 0).map(([n]) => n);
-  while (queue.length) {
-    const n = queue.pop()!;
-    for (const m of out.get(n)!) {
-      const d = indeg.get(m)! - 1;
-      indeg.set(m, d);
-      if (d === 0) queue.push(m);
-    }
-  }
-  const left = new Set([...indeg].filter(([, d]) => d > 0).map(([n]) => n));
-  if (!left.size) return null;
-  // Every remaining node has an in-edge from a remaining node; follow successors until one repeats.
-  const start = left.values().next().value as number;
-  const path: number[] = [start];
-  const seen = new Map<number, number>([[start, 0]]);
-  let cur = start;
-  for (;;) {
-    const next = out.get(cur)!.find((m) => left.has(m) && canReach(out, left, m, cur));
-    if (next === undefined) return null;
-    if (seen.has(next)) return [...path.slice(seen.get(next)!), next];
-    seen.set(next, path.length);
-    path.push(next);
-    cur = next;
-  }
-}
-
-function canReach(out: Map<number, number[]>, within: Set<number>, from: number, to: number): boolean {
-  const stack = [from]; const seen = new Set<number>();
-  while (stack.length) {
-    const n = stack.pop()!;
-    if (n === to) return true;
-    if (seen.has(n)) continue;
-    seen.add(n);
-    for (const m of out.get(n) ?? []) if (within.has(m)) stack.push(m);
-  }
-  return false;
-}
