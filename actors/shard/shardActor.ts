@@ -7,7 +7,8 @@ import {
   type DeadCause, type DeadLetters, type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
-import { HashedWheel, type WheelRef } from "../wheel/index.ts";
+import type { WheelRef } from "../wheel/index.ts";
+import { Horizon, type DueIndexChanges, type WheelItem } from "./horizon.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
@@ -92,11 +93,6 @@ export type ShardCommand =
 
 export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
 
-/**
- * k 0: a task's due time (`due`; the wheel entry is placed `leadMs` before it, see schedule());
- * k 1: a run's timeout.
- */
-type WheelItem = { k: 0; id: number; due: number } | { k: 1; runId: string };
 
 interface InFlightRun {
   runId: string;
@@ -161,24 +157,20 @@ export type Mail =
   | { t: "events"; events: RunEvent[]; instance: string; msg: Ackable }
   | { t: "trigger"; trig: DependencyTrigger; msg: Ackable }
   | { t: "cmd"; cmd: ShardCommand; reply: (r: CommandReply) => void }
-  /** Due entries taken from Redis for the near horizon (taken outside the round, see refill()). */
+  /** Due entries taken from Redis for the near horizon (taken outside the round, see Horizon.refill). */
   | { t: "refilled"; items: Array<{ id: number; dueMs: number }> }
   /** The node's limiter gave this waiting task a place at its executor (see InFlightLimiter). */
   | { t: "capacity"; taskId: number; dueMs: number; executor: string };
 
 /** The effects of one round, applied after its write is durable. */
-interface Round {
+interface Round extends DueIndexChanges {
   write: ShardWrite;
   dispatch: Map<string, ShardDispatchRun[]>;
   acks: Ackable[];
   naks: Ackable[];
-  redisAdd: Array<{ id: number; dueMs: number }>;
-  redisRemove: number[];
   outcomes: Outcome[];
   replies: Array<() => void>;
   touched: Set<number>;
-  /** Tasks this round took off the wheel to fire whose due-index entry the refill already took. */
-  notInRedis: Set<number>;
 }
 
 const GRACE_MS = 1000;
@@ -212,13 +204,7 @@ export class ShardActor implements EventSink {
   readonly epoch: number;
   private readonly d: ShardActorDeps;
   private readonly log: Logger;
-  private readonly wheel: HashedWheel<WheelItem>;
-  /**
-   * Tasks due within the horizon. `inRedis`: the due index may still hold an entry for the task
-   * (the API wrote one and asked the shard to load it); an entry the refill took holds none, so
-   * firing or moving the task needs no removal from Redis.
-   */
-  private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef; inRedis: boolean }>();
+  private readonly horizon: Horizon;
   private readonly inFlight = new Map<string, InFlightRun>();
   /**
    * Runs whose completion this shard applied lately (two generations): a node-level event batch
@@ -250,17 +236,12 @@ export class ShardActor implements EventSink {
   /** Tasks seen by a round: evicted at the start of a later one when idle (see evictIdle). */
   private readonly evictable = new Set<number>();
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
-  private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
-  private refilling: Promise<void> | null = null;
   /** The last written round's publishes and due-index updates (see commit()). */
   private effects: Promise<void> = Promise.resolve();
   /** Dispatches written and not yet released (they wait for their due time); a planned stop waits for them. */
   private readonly releases = new Set<Promise<void>>();
   private consumers: ConsumerMessages[] = [];
   private consumerLoops: Array<Promise<void>> = [];
-  private readonly horizonMs: number;
-  private readonly refillEveryMs: number;
-  private readonly leadMs: number;
   /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
   private acquiredMs = Infinity;
   /** Who owned the shard before this actor (named by outage intervals in the ledger). */
@@ -269,7 +250,6 @@ export class ShardActor implements EventSink {
   private readonly catchUp: EventCatchUp;
   private readonly calendars: CalendarCache;
   private readonly timeoutCheckedFrom = new Map<string, number>();
-  private refills = 0;
   readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
@@ -278,9 +258,6 @@ export class ShardActor implements EventSink {
     this.epoch = epoch;
     this.d = deps;
     this.log = deps.log.child({ shard, epoch });
-    this.horizonMs = deps.horizonMs ?? Math.min(10_000, deps.tickMs * deps.wheelSize);
-    this.leadMs = Math.max(0, Math.min(deps.leadMs ?? 100, this.horizonMs / 2));
-    this.refillEveryMs = deps.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
     // The shard's events come through its node's consumer (v2) and its own (v1, forwarded): a
     // timeout waits until both have applied what was published before it.
     // And through the previous owner's node consumer: completions of the runs it dispatched reach
@@ -291,9 +268,13 @@ export class ShardActor implements EventSink {
     this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream,
       () => [shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId), ...prevConsumer()], (d) => prevConsumer().includes(d)),
       deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
-    this.wheel = new HashedWheel<WheelItem>({
-      tickMs: deps.tickMs, size: deps.wheelSize, clock: deps.clock,
-      onExpire: (items, info) => this.tell({ t: "due", items, lateMs: info.lateMs }),
+    this.horizon = new Horizon({
+      shard, tickMs: deps.tickMs, wheelSize: deps.wheelSize, clock: deps.clock, log: this.log, due: deps.due, store: deps.store,
+      ...(deps.horizonMs !== undefined ? { horizonMs: deps.horizonMs } : {}), ...(deps.refillEveryMs !== undefined ? { refillEveryMs: deps.refillEveryMs } : {}),
+      ...(deps.leadMs !== undefined ? { leadMs: deps.leadMs } : {}), ...(deps.random ? { random: deps.random } : {}),
+      onDue: (items, lateMs) => this.tell({ t: "due", items, lateMs }),
+      onRefilled: (items) => this.tell({ t: "refilled", items }),
+      active: () => this.state === "active",
     });
   }
 
@@ -301,7 +282,7 @@ export class ShardActor implements EventSink {
   /** Written runs of this actor may still be published: it was not fenced (a planned stop flushes them first). */
   get releasable(): boolean { return this.state === "active" || this.state === "stopping"; }
   get inFlightCount() { return this.inFlight.size; }
-  get wheelSize() { return this.wheel.size; }
+  get wheelSize() { return this.horizon.size; }
 
   async start(): Promise<void> {
     this.state = "loading";
@@ -318,8 +299,8 @@ export class ShardActor implements EventSink {
     const republished = await this.republishUnstarted(running, now);
     if (republished) this.log.warn({ runs: republished }, "re-published runs the previous owner recorded but no executor started");
     this.state = "active";
-    this.wheel.start();
-    await this.refill();
+    this.horizon.start();
+    await this.horizon.refill();
     await this.startConsumers();
     this.log.info({ tasksDue: dueRows.length, running: running.length, ms: Math.round(this.d.clock.monotonic() - t0) }, "shard:acquired");
   }
@@ -335,7 +316,7 @@ export class ShardActor implements EventSink {
     const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null, token: runToken(this.d.dispatchSecret, r.id) };
     this.inFlight.set(r.id, run);
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
-    run.ref = this.wheel.add(deadline, { k: 1, runId: r.id });
+    run.ref = this.horizon.addTimeout(deadline, r.id);
   }
 
   private async startConsumers(): Promise<void> {
@@ -386,14 +367,6 @@ export class ShardActor implements EventSink {
     if (this.state !== "active") return;
     this.log.warn({ why }, "shard restarts: a consumer stopped delivering");
     this.restart(why);
-  }
-
-  private scheduleRefill(): void {
-    if (this.state !== "active") return;
-    // The first one after loading at a random point of the period, so the shards of a node do not
-    // all refill in the same instant.
-    const delay = this.refills++ === 0 ? Math.floor((this.d.random ?? Math.random)() * this.refillEveryMs) : this.refillEveryMs;
-    this.refillTimer = this.d.clock.setTimeout(() => { void this.refill(); }, delay);
   }
 
   tell(m: Mail): void {
@@ -475,7 +448,7 @@ export class ShardActor implements EventSink {
       if (m.t === "cmd") need.add(m.cmd.taskId);
       if (m.t === "trigger") need.add(m.trig.taskId);
       if (m.t === "events") for (const ev of m.events) { const r = this.inFlight.get(ev.runId); if (r) need.add(r.taskId); }
-      if (m.t === "refilled") for (const it of m.items) { const w = this.inWheel.get(it.id); if (w && w.dueMs !== it.dueMs) need.add(it.id); }
+      if (m.t === "refilled") for (const it of m.items) { const d = this.horizon.dueOf(it.id); if (d !== undefined && d !== it.dueMs) need.add(it.id); }
       if (m.t === "capacity") need.add(m.taskId);
     }
     for (const id of need) this.evictable.add(id);
@@ -491,15 +464,14 @@ export class ShardActor implements EventSink {
           for (const it of m.items) {
             if (it.item.k === 1) { this.onTimeout(round, it.item.runId, now); continue; }
             const { id, due } = it.item;
-            const w = this.inWheel.get(id);
-            if (!w || w.dueMs !== due) continue; // superseded by a later schedule
+            const w = this.horizon.cameDue(id, due);
+            if (!w) continue; // superseded by a later schedule
             if (due > now && canFire && this.decideAtDue(id)) {
               // Ahead of time, but a run of the task is still in flight: whether this slot fires
               // (overlap) is decided at its due time, when that run may have ended.
-              w.ref = this.wheel.add(due, { k: 0, id, due });
+              this.horizon.holdUntilDue(id, due, w.inRedis);
               continue;
             }
-            this.inWheel.delete(id);
             if (!canFire) { round.redisAdd.push({ id, dueMs: due }); continue; }
             if (!w.inRedis) round.notInRedis.add(id);
             this.guard(round, id, () => this.onDue(round, id, due, now));
@@ -519,7 +491,7 @@ export class ShardActor implements EventSink {
           else this.onCommand(round, m.cmd, m.reply, now, canFire);
           break;
         case "refilled":
-          this.onRefilled(round, m.items);
+          this.horizon.refilled(round, m.items, (id) => this.live.get(id)?.row.nextDueMs);
           break;
         case "capacity":
           if (canFire) this.guard(round, m.taskId, () => this.onDue(round, m.taskId, m.dueMs, now));
@@ -594,37 +566,9 @@ export class ShardActor implements EventSink {
     row.nextSource = p?.source ?? null;
     row.nextReason = p?.reason ?? (lt.stuck ? `not scheduled: ${lt.stuck}` : endedReason(row, this.d.clock.now()));
     row.nextCausedBy = p?.causedBy ?? null;
-    this.unschedule(round, row.id);
-    if (p) this.schedule(round, row.id, p.dueMs);
+    this.horizon.unschedule(round, row.id);
+    if (p) this.horizon.schedule(round, row.id, p.dueMs);
     round.touched.add(row.id);
-  }
-
-  private schedule(round: Round, id: number, dueMs: number, inRedis = false): void {
-    if (dueMs <= this.d.clock.now() + this.horizonMs) {
-      // Placed `leadMs` ahead: the run is decided and written before its due time and released
-      // (published) at it by the node's round (Persister), so the write is not on the fire path.
-      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs - this.leadMs, { k: 0, id, due: dueMs }), inRedis });
-    } else {
-      round.redisAdd.push({ id, dueMs });
-    }
-  }
-
-  /** The task's entry in the wheel, cancelled and forgotten (undefined if it had none). */
-  private takeOffWheel(id: number): { dueMs: number; inRedis: boolean } | undefined {
-    const w = this.inWheel.get(id);
-    if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(id); }
-    return w;
-  }
-
-  /** Takes the task's due time off the wheel and, where the due index may hold it, out of Redis. */
-  private unschedule(round: Round, id: number): void {
-    const w = this.takeOffWheel(id);
-    if (w) {
-      if (!w.inRedis) return;
-    } else if (round.notInRedis.delete(id)) {
-      return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
-    }
-    round.redisRemove.push(id);
   }
 
   /** A task with a run in flight is decided at its due time, not ahead of it. */
@@ -780,7 +724,7 @@ export class ShardActor implements EventSink {
     if (!opts.manual && releaseAt > now) run.held = p;
     if (p.triggerId !== null && source !== "misfire") run.ledgerBefore = ledger.saveWatermark(row.triggerSlots, p.triggerId);
     this.ledgerSlot(round, lt, p, source, source === "misfire" ? { outcome: "catch-up", runId } : { outcome: "run", runId }, now);
-    run.ref = this.wheel.add(releaseAt + row.timeoutMs, { k: 1, runId });
+    run.ref = this.horizon.addTimeout(releaseAt + row.timeoutMs, runId);
     this.inFlight.set(runId, run);
     let list = round.dispatch.get(row.executor);
     if (!list) { list = []; round.dispatch.set(row.executor, list); }
@@ -883,8 +827,8 @@ export class ShardActor implements EventSink {
   }
 
   private extend(run: InFlightRun, now: number): void {
-    if (run.ref) this.wheel.cancel(run.ref);
-    run.ref = this.wheel.add(now + run.timeoutMs, { k: 1, runId: run.runId });
+    if (run.ref) this.horizon.cancel(run.ref);
+    run.ref = this.horizon.addTimeout(now + run.timeoutMs, run.runId);
   }
 
   private onTimeout(round: Round, runId: string, now: number): void {
@@ -893,12 +837,12 @@ export class ShardActor implements EventSink {
     if (this.d.persister.isPublishing(runId)) {
       // Its dispatch is not visible yet (NATS restarting, a stream leader election): nothing can
       // be running it, and timing it out now would let the late publish run it beside its retry.
-      run.ref = this.wheel.add(now + run.timeoutMs, { k: 1, runId });
+      run.ref = this.horizon.addTimeout(now + run.timeoutMs, runId);
       return;
     }
     if (run.visibleMs !== undefined && now < run.visibleMs + run.timeoutMs) {
       // Its dispatch became visible late: the executor has had less than its timeout so far.
-      run.ref = this.wheel.add(run.visibleMs + run.timeoutMs, { k: 1, runId });
+      run.ref = this.horizon.addTimeout(run.visibleMs + run.timeoutMs, runId);
       return;
     }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;
@@ -926,7 +870,7 @@ export class ShardActor implements EventSink {
 
   private finishRun(round: Round, run: InFlightRun, now: number, ev: TaskEvent, upd: Omit<RunUpdate, "id">): void {
     this.inFlight.delete(run.runId);
-    if (run.ref) this.wheel.cancel(run.ref);
+    if (run.ref) this.horizon.cancel(run.ref);
     this.d.limiter.release(run.executor);
     this.stats.finished++;
     round.write.runUpdates.push({ id: run.runId, ...upd });
@@ -1025,8 +969,8 @@ export class ShardActor implements EventSink {
       case "load": {
         if (lt.row.nextDueMs !== null) {
           // The index entry the API wrote stays: the wheel's copy is marked as having one.
-          this.takeOffWheel(lt.row.id);
-          this.schedule(round, lt.row.id, lt.row.nextDueMs, true);
+          this.horizon.takeOff(lt.row.id);
+          this.horizon.schedule(round, lt.row.id, lt.row.nextDueMs, true);
         }
         reply({ ok: true });
         return;
@@ -1314,8 +1258,8 @@ export class ShardActor implements EventSink {
       for (const r of runs) {
         const own = r.shard === this.shard ? this.inFlight.get(r.runId) : undefined;
         if (own && r.deadline! > r.firedAt + r.timeoutMs) {
-          if (own.ref) this.wheel.cancel(own.ref);
-          own.ref = this.wheel.add(r.deadline!, { k: 1, runId: r.runId });
+          if (own.ref) this.horizon.cancel(own.ref);
+          own.ref = this.horizon.addTimeout(r.deadline!, r.runId);
         }
       }
       // Recorded ahead of their due time by the previous owner: published at it, never before.
@@ -1346,72 +1290,21 @@ export class ShardActor implements EventSink {
     return n;
   }
 
-  /**
-   * Takes the near horizon's due entries out of Redis and mails them to the actor. The Redis
-   * calls run beside the rounds, not inside one: at thousands of runs a second a refill moves
-   * thousands of entries, and a round waiting for it held back every fire of the shard.
-   * One refill at a time; the next is scheduled when it ends.
-   */
-  private refill(): Promise<void> {
-    if (this.state !== "active" || this.refilling) return this.refilling ?? Promise.resolve();
-    this.refilling = (async () => {
-      try {
-        if (!(await this.d.due.isBuilt(this.shard))) {
-          this.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
-          await this.d.due.rebuild(this.shard, await this.d.store.dueOfShard(this.shard));
-        }
-        for (;;) {
-          if (this.state !== "active") break;
-          const items = await this.d.due.takeDue(this.shard, this.d.clock.now() + this.horizonMs, 5000);
-          if (items.length) this.tell({ t: "refilled", items });
-          if (items.length < 5000) break;
-        }
-      } catch (e) {
-        // Redis unreachable: entries not taken stay there; the next refill tries again.
-        this.log.warn({ err: String(e) }, "refill from the due index failed");
-      } finally {
-        this.refilling = null;
-        this.scheduleRefill();
-      }
-    })();
-    return this.refilling;
-  }
-
-  /**
-   * Entries from Redis into the wheel. An entry for a task already in the wheel at another time
-   * is one of the two copies of a reschedule still in flight (the round that moved it removes
-   * the old entry from Redis only after its write). Neither copy is trusted: the task's row,
-   * loaded for this round, says which time is current.
-   */
-  private onRefilled(round: Round, items: ReadonlyArray<{ id: number; dueMs: number }>): void {
-    for (const it of items) {
-      const w = this.inWheel.get(it.id);
-      if (!w) { this.schedule(round, it.id, it.dueMs); continue; }
-      w.inRedis = false; // the refill took the index's entry for this task
-      if (w.dueMs === it.dueMs) continue;
-      const row = this.live.get(it.id)?.row;
-      if (!row || row.nextDueMs === null || row.nextDueMs === w.dueMs) continue; // the wheel's copy stands (or onDue skips both)
-      this.takeOffWheel(it.id);
-      this.schedule(round, it.id, row.nextDueMs);
-    }
-  }
-
   // ---- stopping -----------------------------------------------------------------------------
 
   /** Planned hand-over: stop firing, finish the current round, give due times back to Redis. */
   async stop(): Promise<void> {
     if (this.state === "stopped" || this.state === "stopping") return;
     this.state = "stopping";
-    this.wheel.stop();
-    if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
+    this.horizon.halt();
     for (const c of this.consumers) await c.close().catch(() => undefined);
     // A refill in flight has taken entries from Redis: let it finish so its mail is handled
     // (and the entries come back to Redis with the rest of the wheel below).
-    await this.refilling?.catch(() => undefined);
+    await this.horizon.settled();
     await this.quiet();
     await this.effects;
     await Promise.all([...this.releases]);
-    const back = [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
+    const back = this.horizon.dueTimes();
     for (const [id, dueMs] of this.waitingForCapacity) back.push({ id, dueMs });
     this.waitingForCapacity.clear();
     this.releaseReserved();
@@ -1441,8 +1334,7 @@ export class ShardActor implements EventSink {
     if (this.state === "stopped") return;
     this.state = "stopped";
     this.catchUp.stop();
-    this.wheel.stop();
-    if (this.refillTimer) this.d.clock.clearTimeout(this.refillTimer);
+    this.horizon.halt();
     for (const c of this.consumers) void c.close().catch(() => undefined);
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();

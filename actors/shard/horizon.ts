@@ -1,0 +1,206 @@
+import type { Clock, Logger } from "../../common/index.ts";
+import { HashedWheel, type WheelRef } from "../wheel/index.ts";
+import type { DueIndex, Store } from "../store/index.ts";
+
+/**
+ * What the wheel holds for a shard:
+ * k 0: a task's due time (`due`; the entry is placed `leadMs` before it, see schedule());
+ * k 1: a run's timeout.
+ */
+export type WheelItem = { k: 0; id: number; due: number } | { k: 1; runId: string };
+
+/** A round's changes to the shard's due index in Redis, applied once its write is durable. */
+export interface DueIndexChanges {
+  redisAdd: Array<{ id: number; dueMs: number }>;
+  redisRemove: number[];
+  /** Tasks this round took off the wheel to fire whose due-index entry the refill already took. */
+  notInRedis: Set<number>;
+}
+
+export interface HorizonOptions {
+  shard: number;
+  tickMs: number;
+  wheelSize: number;
+  clock: Clock;
+  log: Logger;
+  due: Pick<DueIndex, "isBuilt" | "rebuild" | "takeDue">;
+  store: Pick<Store, "dueOfShard">;
+  /** How far ahead due times are taken from Redis into the wheel (default: the wheel's span, at most 10 s). */
+  horizonMs?: number;
+  /** How often due entries are taken from Redis (default 250 ms, at most a quarter of the horizon). */
+  refillEveryMs?: number;
+  /** How long before its due time a task's run is decided (default 100 ms, at most half the horizon). */
+  leadMs?: number;
+  random?: () => number;
+  /** Entries that came due on the wheel (tasks and timeouts), one call per tick. */
+  onDue: (items: Array<{ dueMs: number; item: WheelItem }>, lateMs: number) => void;
+  /** Entries the refill took from Redis for the near horizon. */
+  onRefilled: (items: Array<{ id: number; dueMs: number }>) => void;
+  /** The shard is active (refills stop otherwise). */
+  active: () => boolean;
+}
+
+/**
+ * A shard's horizon: the near future on a hashed wheel (due times within `horizonMs`, run
+ * timeouts), the far future in the due index in Redis, and the refill that moves entries from
+ * the one to the other. The actor decides; this module only remembers when to tell it.
+ */
+export class Horizon {
+  readonly horizonMs: number;
+  readonly leadMs: number;
+  private readonly refillEveryMs: number;
+  private readonly wheel: HashedWheel<WheelItem>;
+  /**
+   * Tasks due within the horizon. `inRedis`: the due index may still hold an entry for the task
+   * (the API wrote one and asked the shard to load it); an entry the refill took holds none, so
+   * firing or moving the task needs no removal from Redis.
+   */
+  private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef; inRedis: boolean }>();
+  private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
+  private refilling: Promise<void> | null = null;
+  private refills = 0;
+
+  constructor(private readonly o: HorizonOptions) {
+    this.horizonMs = o.horizonMs ?? Math.min(10_000, o.tickMs * o.wheelSize);
+    this.leadMs = Math.max(0, Math.min(o.leadMs ?? 100, this.horizonMs / 2));
+    this.refillEveryMs = o.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
+    this.wheel = new HashedWheel<WheelItem>({
+      tickMs: o.tickMs, size: o.wheelSize, clock: o.clock,
+      onExpire: (items, info) => o.onDue(items, info.lateMs),
+    });
+  }
+
+  /** Entries on the wheel (due times and timeouts). */
+  get size(): number { return this.wheel.size; }
+
+  start(): void { this.wheel.start(); }
+
+  /** Stops the wheel and the refills (a refill in flight finishes: see settled). */
+  halt(): void {
+    this.wheel.stop();
+    if (this.refillTimer) this.o.clock.clearTimeout(this.refillTimer);
+  }
+
+  /** Resolves once a refill in flight has handed its entries over. */
+  async settled(): Promise<void> { await this.refilling?.catch(() => undefined); }
+
+  // ---- due times of tasks ------------------------------------------------------------------
+
+  /** Within the horizon: on the wheel, `leadMs` ahead. Beyond it: into the due index with the round. */
+  schedule(changes: DueIndexChanges, id: number, dueMs: number, inRedis = false): void {
+    if (dueMs <= this.o.clock.now() + this.horizonMs) {
+      // Placed `leadMs` ahead: the run is decided and written before its due time and released
+      // (published) at it by the node's round (Persister), so the write is not on the fire path.
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs - this.leadMs, { k: 0, id, due: dueMs }), inRedis });
+    } else {
+      changes.redisAdd.push({ id, dueMs });
+    }
+  }
+
+  /** The task's entry on the wheel, cancelled and forgotten (undefined if it had none). */
+  takeOff(id: number): { dueMs: number; inRedis: boolean } | undefined {
+    const w = this.inWheel.get(id);
+    if (w) { this.wheel.cancel(w.ref); this.inWheel.delete(id); }
+    return w;
+  }
+
+  /** Takes the task's due time off the wheel and, where the due index may hold it, out of Redis. */
+  unschedule(changes: DueIndexChanges, id: number): void {
+    const w = this.takeOff(id);
+    if (w) {
+      if (!w.inRedis) return;
+    } else if (changes.notInRedis.delete(id)) {
+      return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
+    }
+    changes.redisRemove.push(id);
+  }
+
+  /** The task's due time on the wheel, if it has one. */
+  dueOf(id: number): number | undefined { return this.inWheel.get(id)?.dueMs; }
+
+  /**
+   * A task's wheel entry came up: the current one for that due time? If so it leaves the wheel
+   * and is returned (with whether Redis may still hold it); a superseded copy returns undefined.
+   */
+  cameDue(id: number, dueMs: number): { inRedis: boolean } | undefined {
+    const w = this.inWheel.get(id);
+    if (!w || w.dueMs !== dueMs) return undefined;
+    this.inWheel.delete(id);
+    return w;
+  }
+
+  /** Put back on the wheel at its due time itself (decided then, not `leadMs` ahead). */
+  holdUntilDue(id: number, dueMs: number, inRedis: boolean): void {
+    this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id, due: dueMs }), inRedis });
+  }
+
+  /**
+   * Entries from Redis onto the wheel. An entry for a task already on the wheel at another time
+   * is one of the two copies of a reschedule still in flight (the round that moved it removes
+   * the old entry from Redis only after its write). Neither copy is trusted: `currentDue`, from
+   * the task's row loaded for this round, says which time is current.
+   */
+  refilled(changes: DueIndexChanges, items: ReadonlyArray<{ id: number; dueMs: number }>, currentDue: (id: number) => number | null | undefined): void {
+    for (const it of items) {
+      const w = this.inWheel.get(it.id);
+      if (!w) { this.schedule(changes, it.id, it.dueMs); continue; }
+      w.inRedis = false; // the refill took the index's entry for this task
+      if (w.dueMs === it.dueMs) continue;
+      const due = currentDue(it.id);
+      if (due === null || due === undefined || due === w.dueMs) continue; // the wheel's copy stands (or onDue skips both)
+      this.takeOff(it.id);
+      this.schedule(changes, it.id, due);
+    }
+  }
+
+  /** Every task due time on the wheel (handed back to Redis when the shard is released). */
+  dueTimes(): Array<{ id: number; dueMs: number }> {
+    return [...this.inWheel].map(([id, w]) => ({ id, dueMs: w.dueMs }));
+  }
+
+  // ---- timeouts of runs ----------------------------------------------------------------------
+
+  addTimeout(atMs: number, runId: string): WheelRef { return this.wheel.add(atMs, { k: 1, runId }); }
+  cancel(ref: WheelRef): void { this.wheel.cancel(ref); }
+
+  // ---- refill from the due index ---------------------------------------------------------------
+
+  /**
+   * Takes the near horizon's due entries out of Redis and hands them over (onRefilled). The Redis
+   * calls run beside the rounds, not inside one: at thousands of runs a second a refill moves
+   * thousands of entries, and a round waiting for it held back every fire of the shard.
+   * One refill at a time; the next is scheduled when it ends.
+   */
+  refill(): Promise<void> {
+    if (!this.o.active() || this.refilling) return this.refilling ?? Promise.resolve();
+    this.refilling = (async () => {
+      try {
+        if (!(await this.o.due.isBuilt(this.o.shard))) {
+          this.o.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
+          await this.o.due.rebuild(this.o.shard, await this.o.store.dueOfShard(this.o.shard));
+        }
+        for (;;) {
+          if (!this.o.active()) break;
+          const items = await this.o.due.takeDue(this.o.shard, this.o.clock.now() + this.horizonMs, 5000);
+          if (items.length) this.o.onRefilled(items);
+          if (items.length < 5000) break;
+        }
+      } catch (e) {
+        // Redis unreachable: entries not taken stay there; the next refill tries again.
+        this.o.log.warn({ err: String(e) }, "refill from the due index failed");
+      } finally {
+        this.refilling = null;
+        this.scheduleRefill();
+      }
+    })();
+    return this.refilling;
+  }
+
+  private scheduleRefill(): void {
+    if (!this.o.active()) return;
+    // The first one after loading at a random point of the period, so the shards of a node do not
+    // all refill in the same instant.
+    const delay = this.refills++ === 0 ? Math.floor((this.o.random ?? Math.random)() * this.refillEveryMs) : this.refillEveryMs;
+    this.refillTimer = this.o.clock.setTimeout(() => { void this.refill(); }, delay);
+  }
+}

@@ -1,0 +1,143 @@
+import { describe, expect, it } from "vitest";
+import { SimulatedClock, silentLogger } from "../../common/index.ts";
+import { Horizon, type DueIndexChanges, type WheelItem } from "../../actors/shard/horizon.ts";
+
+/**
+ * The shard's horizon without the actor: which due times go on the wheel and which to Redis,
+ * what a refill does with the two copies of a reschedule, and when entries come up. The due
+ * index here is a sorted list in memory standing in for Redis' sorted set: these tests are
+ * about the horizon's bookkeeping, the real index has its own (test/integration).
+ */
+function setup(opts: { horizonMs?: number; leadMs?: number } = {}) {
+  const clock = new SimulatedClock();
+  const index = new Map<number, number>(); // task → due, the "Redis" side
+  const came: Array<{ dueMs: number; item: WheelItem; at: number }> = [];
+  const refilled: Array<{ id: number; dueMs: number }> = [];
+  let active = true;
+  const h = new Horizon({
+    shard: 0, tickMs: 10, wheelSize: 512, clock, log: silentLogger,
+    horizonMs: opts.horizonMs ?? 2000, leadMs: opts.leadMs ?? 100, random: () => 0,
+    due: {
+      isBuilt: async () => true,
+      rebuild: async () => undefined,
+      takeDue: async (_s: number, untilMs: number, limit: number) => {
+        const out = [...index].filter(([, d]) => d <= untilMs).sort((a, b) => a[1] - b[1]).slice(0, limit).map(([id, dueMs]) => ({ id, dueMs }));
+        for (const x of out) index.delete(x.id);
+        return out;
+      },
+    },
+    store: { dueOfShard: async () => [] },
+    onDue: (items) => { for (const i of items) came.push({ ...i, at: clock.now() }); },
+    onRefilled: (items) => { refilled.push(...items); },
+    active: () => active,
+  });
+  const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [], notInRedis: new Set() });
+  return { clock, index, came, refilled, h, changes, stop: () => { active = false; h.halt(); } };
+}
+
+describe("shard horizon", () => {
+  it.each([
+    { name: "inside the horizon: on the wheel, leadMs ahead", inMs: 1500, onWheel: true },
+    { name: "at the horizon's edge: on the wheel", inMs: 2000, onWheel: true },
+    { name: "beyond the horizon: to the due index with the round", inMs: 2001, onWheel: false },
+    { name: "already due: on the wheel, next tick", inMs: -50, onWheel: true },
+  ])("schedule: $name", ({ inMs, onWheel }) => {
+    const { clock, h, changes, came } = setup();
+    const ch = changes();
+    const due = clock.now() + inMs;
+    h.schedule(ch, 7, due);
+    expect(h.dueOf(7)).toBe(onWheel ? due : undefined);
+    expect(ch.redisAdd).toEqual(onWheel ? [] : [{ id: 7, dueMs: due }]);
+    if (!onWheel) return;
+    const start = clock.now();
+    h.start();
+    clock.advance(Math.max(0, inMs) + 20);
+    expect(came.map((c) => c.item)).toEqual([{ k: 0, id: 7, due }]);
+    // Placed leadMs (100) ahead of its due time; one already due comes on the next tick.
+    const expectedAt = Math.max(start, due - 100);
+    expect(came[0]!.at).toBeGreaterThanOrEqual(expectedAt);
+    expect(came[0]!.at).toBeLessThanOrEqual(expectedAt + 20);
+  });
+
+  it("unschedule: removes from Redis only what Redis may hold", () => {
+    const { clock, h, changes } = setup();
+    const ch = changes();
+    h.schedule(ch, 1, clock.now() + 500);            // refill-taken copy: Redis holds nothing
+    h.schedule(ch, 2, clock.now() + 500, true);      // the API's copy: Redis still holds it
+    ch.notInRedis.add(3);                             // fired off the wheel this round, refill had taken it
+    h.unschedule(ch, 1); h.unschedule(ch, 2); h.unschedule(ch, 3); h.unschedule(ch, 4);
+    expect(ch.redisRemove).toEqual([2, 4]);
+    expect(h.dueOf(1)).toBeUndefined();
+    expect(h.dueOf(2)).toBeUndefined();
+  });
+
+  it("cameDue: a superseded copy is ignored; holdUntilDue decides at the due time itself", () => {
+    const { clock, h, changes, came } = setup();
+    const ch = changes();
+    const first = clock.now() + 500; const second = clock.now() + 800;
+    h.schedule(ch, 9, first);
+    h.takeOff(9);
+    h.schedule(ch, 9, second);
+    h.start();
+    clock.advance(720); // the entry comes up leadMs (100) ahead of `second`; the cancelled one never
+    expect(came.map((c) => c.item)).toEqual([{ k: 0, id: 9, due: second }]);
+    expect(h.cameDue(9, first)).toBeUndefined();
+    expect(h.cameDue(9, second)).toEqual(expect.objectContaining({ inRedis: false }));
+    expect(h.dueOf(9)).toBeUndefined();
+    // A run of the task is still in flight: decided at the due time itself, not leadMs ahead.
+    h.holdUntilDue(9, second, false);
+    expect(h.dueOf(9)).toBe(second);
+    clock.advance(second - clock.now() - 30);
+    expect(came.length).toBe(1);
+    clock.advance(50);
+    expect(came.map((c) => c.item)).toEqual([{ k: 0, id: 9, due: second }, { k: 0, id: 9, due: second }]);
+    expect(came[1]!.at).toBeGreaterThanOrEqual(second);
+  });
+
+  it("refilled: the row's due time decides between the two copies of a reschedule", () => {
+    const { clock, h, changes } = setup();
+    const now = clock.now();
+    const ch = changes();
+    h.schedule(ch, 1, now + 300);
+    h.schedule(ch, 2, now + 300);
+    h.schedule(ch, 3, now + 300);
+    const rows = new Map<number, number | null>([[1, now + 300], [2, now + 600], [3, null]]);
+    h.refilled(ch, [{ id: 1, dueMs: now + 600 }, { id: 2, dueMs: now + 600 }, { id: 3, dueMs: now + 600 }, { id: 4, dueMs: now + 700 }], (id) => rows.get(id));
+    expect(h.dueOf(1)).toBe(now + 300); // the wheel's copy is the row's
+    expect(h.dueOf(2)).toBe(now + 600); // the refill's copy is the row's
+    expect(h.dueOf(3)).toBe(now + 300); // no due time on the row: onDue skips it
+    expect(h.dueOf(4)).toBe(now + 700); // new to the wheel
+    expect(ch.redisAdd).toEqual([]);
+  });
+
+  it("timeouts share the wheel and can be cancelled", () => {
+    const { clock, h, came } = setup();
+    const a = h.addTimeout(clock.now() + 100, "r1");
+    h.addTimeout(clock.now() + 100, "r2");
+    h.cancel(a);
+    h.start();
+    clock.advance(150);
+    expect(came.map((c) => c.item)).toEqual([{ k: 1, runId: "r2" }]);
+    expect(h.size).toBe(0);
+  });
+
+  it("refill: takes what the index holds up to the horizon, in batches, and keeps refilling until halted", async () => {
+    const { clock, h, index, refilled, stop } = setup({ horizonMs: 2000 });
+    const now = clock.now();
+    for (let i = 0; i < 12_000; i++) index.set(i, now + (i % 2 === 0 ? 1000 : 5000));
+    await h.refill();
+    expect(refilled.length).toBe(6000); // the near half, in batches of at most 5,000
+    expect(new Set(refilled.map((r) => r.id)).size).toBe(6000);
+    expect(refilled.every((r) => r.dueMs === now + 1000)).toBe(true);
+    clock.advance(3500); // the far half comes within the horizon; the next refills take it
+    await h.settled();
+    await new Promise((r) => setImmediate(r));
+    await h.settled();
+    expect(refilled.length).toBe(12_000);
+    stop();
+    index.set(99_999, now);
+    clock.advance(1000);
+    await h.settled();
+    expect(refilled.some((r) => r.id === 99_999)).toBe(false);
+  });
+});
