@@ -9,7 +9,11 @@ export const HeartbeatSchema = z.object({
   http: z.string().max(1024).nullable(),
   startedAt: z.number(),
   shards: z.array(z.number().int()).max(65_536),
-  load: z.object({ firedPerSec: z.number(), inFlight: z.number(), lagMs: z.number() }),
+  load: z.object({
+    firedPerSec: z.number(), inFlight: z.number(), lagMs: z.number(),
+    /** Places held at each executor (runs dispatched and not ended, places reserved): the dashboard's "in flight". Absent from older nodes. */
+    byExecutor: z.record(z.string().max(256), z.number().int().nonnegative()).optional(),
+  }),
   stopping: z.boolean(),
   /** False while the node is joining (it owns nothing yet and others hold hand-overs to it back); absent = ready. */
   ready: z.boolean().optional(),

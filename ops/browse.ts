@@ -103,7 +103,19 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   return chain;
 }
 
-/** `executors.inflight`: runs recorded `running` per executor, cluster-wide. */
-export function inFlightByExecutor(d: BrowseDeps): Promise<Record<string, number>> {
-  return d.store.browse.runningByExecutor();
+interface NodeLoads { nodes: Array<{ load?: { byExecutor?: Record<string, number> } }> }
+
+/**
+ * `executors.inflight`: places held at each executor, cluster-wide — the sum of what every live
+ * node's heartbeat says its limiter holds (runs dispatched and not ended, places reserved). No
+ * query: counting `running` rows meant a scan of the runs table on every dashboard refresh.
+ * While a node of an older version (whose heartbeat does not say) is live, the runs table is
+ * counted as before.
+ */
+export async function inFlightByExecutor(d: BrowseDeps, status: () => Promise<unknown>): Promise<Record<string, number>> {
+  const s = await status() as NodeLoads;
+  if (!s.nodes.length || s.nodes.some((n) => !n.load?.byExecutor)) return d.store.browse.runningByExecutor();
+  const out: Record<string, number> = {};
+  for (const n of s.nodes) for (const [executor, k] of Object.entries(n.load!.byExecutor!)) out[executor] = (out[executor] ?? 0) + k;
+  return out;
 }

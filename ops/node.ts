@@ -160,7 +160,7 @@ export class AxNode {
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
       heartbeatMs: c.heartbeatMs, nc: this.nc, bucket, store: this.store, names: this.names, clock: this.clock, log: this.log,
       startShard: (shard, epoch) => this.startShard(shard, epoch),
-      load: () => ({ firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }),
+      load: () => this.load(),
       failing: () => this.failing(),
       onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
       onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
@@ -423,9 +423,14 @@ export class AxNode {
     return out;
   }
 
+  /** What this node's heartbeat says of its load (and its status, of itself). */
+  private load(): { firedPerSec: number; inFlight: number; lagMs: number; byExecutor: Record<string, number> } {
+    return { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs(), byExecutor: Object.fromEntries(this.limiter.byExecutor()) };
+  }
+
   async status(): Promise<unknown> {
     const members = this.supervisor.liveMembers();
-    const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs() }, failing: this.failing() };
+    const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: this.load(), failing: this.failing() };
     const nodes = [self, ...members.filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load, failing: m.failing ?? {} }))];
     // Without PostgreSQL the status still answers (which node fails what is the point of asking
     // then); the counts it cannot read are null.
