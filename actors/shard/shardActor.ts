@@ -1,14 +1,15 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import { jetstreamManager, type JetStreamClient, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
+import type { JetStreamClient } from "@nats-io/jetstream";
 import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchV1Schema, EventCatchUp, connectionUptime, decode, derivedRunId, encode, ensureShardConsumer, jetStreamProgress, newRunId, runToken,
+  EventCatchUp, connectionUptime, derivedRunId, encode, jetStreamProgress, newRunId, runToken,
   nakLater, nodeEventsConsumer, shardEventsConsumer, tokenMatches,
-  type DeadCause, type DeadLetters, type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
+  type DeadLetters, type DispatchRun, type RunEvent, type Outcome, type DependencyTrigger,
 } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import type { WheelRef } from "../wheel/index.ts";
 import { Horizon, type DueIndexChanges, type WheelItem } from "./horizon.ts";
+import { ShardConsumers } from "./consumers.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
@@ -240,8 +241,7 @@ export class ShardActor implements EventSink {
   private effects: Promise<void> = Promise.resolve();
   /** Dispatches written and not yet released (they wait for their due time); a planned stop waits for them. */
   private readonly releases = new Set<Promise<void>>();
-  private consumers: ConsumerMessages[] = [];
-  private consumerLoops: Array<Promise<void>> = [];
+  private readonly consumers: ShardConsumers;
   /** Wall time this actor began loading the shard: slots due before it came due while nobody here owned it. */
   private acquiredMs = Infinity;
   /** Who owned the shard before this actor (named by outage intervals in the ledger). */
@@ -268,6 +268,14 @@ export class ShardActor implements EventSink {
     this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream,
       () => [shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId), ...prevConsumer()], (d) => prevConsumer().includes(d)),
       deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
+    this.consumers = new ShardConsumers({
+      shard, nc: deps.nc, js: deps.js, names: deps.names, log: this.log,
+      ...(deps.pullExpiresMs !== undefined ? { pullExpiresMs: deps.pullExpiresMs } : {}), ...(deps.dead ? { dead: deps.dead } : {}),
+      active: () => this.state === "active",
+      onEvents: (events, instance, msg) => this.tell({ t: "events", events, instance, msg }),
+      onTrigger: (trig, msg) => this.tell({ t: "trigger", trig, msg }),
+      onEnded: (why) => this.consumerEnded(why),
+    });
     this.horizon = new Horizon({
       shard, tickMs: deps.tickMs, wheelSize: deps.wheelSize, clock: deps.clock, log: this.log, due: deps.due, store: deps.store,
       ...(deps.horizonMs !== undefined ? { horizonMs: deps.horizonMs } : {}), ...(deps.refillEveryMs !== undefined ? { refillEveryMs: deps.refillEveryMs } : {}),
@@ -301,7 +309,7 @@ export class ShardActor implements EventSink {
     this.state = "active";
     this.horizon.start();
     await this.horizon.refill();
-    await this.startConsumers();
+    await this.consumers.start();
     this.log.info({ tasksDue: dueRows.length, running: running.length, ms: Math.round(this.d.clock.monotonic() - t0) }, "shard:acquired");
   }
 
@@ -317,45 +325,6 @@ export class ShardActor implements EventSink {
     this.inFlight.set(r.id, run);
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
     run.ref = this.horizon.addTimeout(deadline, r.id);
-  }
-
-  private async startConsumers(): Promise<void> {
-    // Two JetStream API calls per shard at load (was five: a manager's account check and a second
-    // lookup of each durable); a node taking 64 shards at once under load waited seconds on them.
-    const infos = await ensureShardConsumer(await jetstreamManager(this.d.nc, { checkAPI: false }), this.d.names, this.shard);
-    const ev = this.d.js.consumers.getConsumerFromInfo(infos.events);
-    const expires = this.d.pullExpiresMs ? { expires: Math.max(1000, this.d.pullExpiresMs) } : {};
-    // A deleted consumer ends the loop (see consumerEnded) instead of being retried silently.
-    const evMsgs = await ev.consume({ max_messages: 256, abort_on_missing_resource: true, ...expires });
-    const tr = this.d.js.consumers.getConsumerFromInfo(infos.triggers);
-    const trMsgs = await tr.consume({ max_messages: 64, abort_on_missing_resource: true, ...expires });
-    this.consumers.push(evMsgs, trMsgs);
-    this.consumerLoops.push((async () => {
-      for await (const m of evMsgs) {
-        if (this.state !== "active") { m.nak(); continue; } // handed back at once for the next owner
-        const dec = decode(EventBatchV1Schema, m.data);
-        if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); continue; }
-        if (dec.value.shard !== this.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.shard}'s subject`); continue; }
-        // Failed on every delivery so far (each failure restarted the shard): parked, not tried again.
-        if (this.d.dead?.exhausted(m)) { this.park(m, "shard-events", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); continue; }
-        this.tell({ t: "events", events: dec.value.events, instance: dec.value.instance, msg: m });
-      }
-    })().then(() => this.consumerEnded("event consumer ended"), (e) => this.consumerEnded(`event consumer failed: ${String(e)}`)));
-    this.consumerLoops.push((async () => {
-      for await (const m of trMsgs) {
-        if (this.state !== "active") { m.nak(); continue; }
-        const dec = decode(DependencyTriggerSchema, m.data);
-        if (!dec.ok) { this.park(m, "shard-trigger", "malformed", `malformed dependency trigger: ${dec.reason}`); continue; }
-        if (this.d.dead?.exhausted(m)) { this.park(m, "shard-trigger", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); continue; }
-        this.tell({ t: "trigger", trig: dec.value, msg: m });
-      }
-    })().then(() => this.consumerEnded("trigger consumer ended"), (e) => this.consumerEnded(`trigger consumer failed: ${String(e)}`)));
-  }
-
-  /** A message this shard can never process: parked as a dead letter (or only terminated without a sink). */
-  private park(m: JsMsg, consumer: string, cause: DeadCause, reason: string): void {
-    if (this.d.dead) void this.d.dead.park(m, consumer, cause, reason);
-    else { this.log.warn({ reason, seq: m.seq }, "message refused"); m.term(); }
   }
 
   /**
@@ -1297,7 +1266,7 @@ export class ShardActor implements EventSink {
     if (this.state === "stopped" || this.state === "stopping") return;
     this.state = "stopping";
     this.horizon.halt();
-    for (const c of this.consumers) await c.close().catch(() => undefined);
+    await this.consumers.close();
     // A refill in flight has taken entries from Redis: let it finish so its mail is handled
     // (and the entries come back to Redis with the rest of the wheel below).
     await this.horizon.settled();
@@ -1335,7 +1304,7 @@ export class ShardActor implements EventSink {
     this.state = "stopped";
     this.catchUp.stop();
     this.horizon.halt();
-    for (const c of this.consumers) void c.close().catch(() => undefined);
+    void this.consumers.close();
     for (const run of this.inFlight.values()) this.d.limiter.release(run.executor);
     this.inFlight.clear();
     this.waitingForCapacity.clear();
