@@ -111,6 +111,8 @@ interface InFlightRun {
   ledgerBefore?: { key: string; value: number | undefined };
   /** When the executor reported the start (run duration metrics). */
   startedMs?: number;
+  /** Adopted at load and its task's row was not found at its timeout: the task was removed. */
+  taskGone?: boolean;
   /**
    * When its dispatch landed in JetStream, if that was well after it was released (a publish
    * retried through a NATS restart or a stream leader election): its timeout counts from here.
@@ -825,11 +827,18 @@ export class ShardActor implements EventSink {
       return;
     }
     this.timeoutCheckedFrom.delete(runId);
-    if (!this.live.has(run.taskId)) {
-      // Adopted at load: the task row comes with the next round.
+    if (!this.live.has(run.taskId) && !run.taskGone) {
+      // Adopted at load: the task row comes with the next round. A task removed meanwhile has no
+      // row: its run is timed out without it (finishRun). PostgreSQL not answering: asked again
+      // in a second (a rejection left unhandled here would end the process).
+      const again = () => this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
       void this.d.store.fetchTasks(this.shard, [run.taskId]).then((rows) => {
         for (const row of rows) if (!this.live.has(row.id)) this.live.set(row.id, liveTask(row));
-        this.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 });
+        if (!rows.some((r) => r.id === run.taskId)) run.taskGone = true;
+        again();
+      }, (e: unknown) => {
+        this.log.warn({ runId, taskId: run.taskId, err: String(e) }, "could not load the task of a run at its timeout; trying again in 1 s");
+        this.d.clock.setTimeout(again, 1000);
       });
       return;
     }
