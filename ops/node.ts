@@ -314,7 +314,8 @@ export class AxNode {
           try { msg.respond(encode({ ok: false, error: { code: "AX_E_INVALID", message: "not a shard command", field: "type" } })); } catch { /* no reply subject */ }
           return;
         }
-        void actor.command(cmd).then((r) => msg.respond(JSON.stringify(r)));
+        // A connection closing under the reply (the node stopping) throws: not worth ending the process.
+        void actor.command(cmd).then((r) => { try { msg.respond(JSON.stringify(r)); } catch { /* closing */ } });
       },
     });
     return {
