@@ -94,7 +94,6 @@ export type ShardCommand =
 
 export type CommandReply = { ok: true; value?: unknown } | { ok: false; error: ReturnType<AxError["toJSON"]> };
 
-
 interface InFlightRun {
   runId: string;
   taskId: number;
