@@ -10,6 +10,7 @@ import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts
 import type { WheelRef } from "../wheel/index.ts";
 import { Horizon, type DueIndexChanges, type WheelItem } from "./horizon.ts";
 import { ShardConsumers } from "./consumers.ts";
+import { decideEvent } from "./runEvents.ts";
 import type { DueIndex, RunInsert, RunRow, RunSource, RunUpdate, ShardWrite, Store, TaskRow, TaskUpdate } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
@@ -752,37 +753,21 @@ export class ShardActor implements EventSink {
       const run = this.inFlight.get(ev.runId);
       // Only the holder of the run's dispatch knows its token: anything else is a forgery (or an
       // executor that does not echo tokens) and changes nothing, in flight or late.
-      if (!tokenMatches(ev.token, run?.token ?? runToken(this.d.dispatchSecret, ev.runId))) { this.refuseEvent(ev); continue; }
-      if (ev.type === "started") {
-        round.write.runUpdates.push({ id: ev.runId, startedMs: ev.at, executorInstance: instance });
-        if (run) { run.startedMs = ev.at; this.extend(run, now); }
-        continue;
-      }
-      if (ev.type === "progress") { if (run) this.extend(run, now); continue; }
-      if (ev.type === "stale") {
-        // Not started by the executor (expired, superseded, task removed): recorded as such; a run
-        // still in flight here ends as after a timeout (the retry policy decides).
-        const why = `not run by executor ${instance}: ${ev.reason ?? "stale"}`;
-        if (!run) { if (!this.finishedByEvent.has(ev.runId) && !this.finishedByEventOld.has(ev.runId)) round.write.runUpdates.push({ id: ev.runId, lateOutcome: `stale: ${ev.reason ?? "stale"}` }); continue; }
+      const d = decideEvent(ev, {
+        inFlight: run !== undefined, instance,
+        tokenOk: tokenMatches(ev.token, run?.token ?? runToken(this.d.dispatchSecret, ev.runId)),
+        endApplied: this.finishedByEvent.has(ev.runId) || this.finishedByEventOld.has(ev.runId),
+      });
+      if (d.refuse) { this.refuseEvent(ev); continue; }
+      if (d.runUpdate) round.write.runUpdates.push({ id: ev.runId, ...d.runUpdate });
+      if (!run) continue;
+      if (d.startedMs !== undefined) run.startedMs = d.startedMs;
+      if (d.extend) this.extend(run, now);
+      if (d.finish) {
         this.finishedByEvent.add(run.runId);
-        this.finishRun(round, run, now, { type: "TIMED_OUT", runId: run.runId }, { finishedMs: ev.at, state: "stale", error: why });
-        continue;
+        if (this.finishedByEvent.size >= 50_000) { this.finishedByEventOld = this.finishedByEvent; this.finishedByEvent = new Set(); }
+        this.finishRun(round, run, now, d.finish.event, d.finish.update);
       }
-      const ok = ev.type === "completed";
-      const result = ev.result !== undefined ? { result: ev.result } : {};
-      // A short run's end may carry its start instead of a separate `started` event.
-      const start = ev.startedAt !== undefined ? { startedMs: ev.startedAt, executorInstance: instance } : {};
-      if (!run) {
-        if (this.finishedByEvent.has(ev.runId) || this.finishedByEventOld.has(ev.runId)) continue; // applied already (redelivered)
-        // Late: the run was already timed out (and retried). Recorded on the run, the task does not move.
-        round.write.runUpdates.push({ id: ev.runId, lateOutcome: ok ? "success" : `failed: ${ev.error?.message ?? "error"}`, executorInstance: instance, ...start, ...result });
-        continue;
-      }
-      this.finishedByEvent.add(run.runId);
-      if (this.finishedByEvent.size >= 50_000) { this.finishedByEventOld = this.finishedByEvent; this.finishedByEvent = new Set(); }
-      this.finishRun(round, run, now, ok ? { type: "SUCCEEDED", runId: run.runId } : {
-        type: "FAILED", runId: run.runId, error: ev.error?.message ?? "failed", ...(ev.error?.nonRetryable ? { retryable: false } : {}),
-      }, { finishedMs: ev.at, state: ok ? "success" : "failed", ...(ok ? {} : { error: ev.error?.message ?? "failed" }), ...start, ...result });
     }
   }
 
