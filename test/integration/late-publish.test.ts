@@ -20,11 +20,13 @@ let nats: OwnNatsServer | null = null;
 let store: Store | null = null;
 let nc: NatsConnection | null = null;
 afterEach(async () => {
-  await nc?.close(); nc = null;
-  nats?.signal("SIGCONT");
-  await store?.close(); store = null;
-  await tc?.teardown(); tc = null;
-  await nats?.stop(); nats = null;
+  // The server is stopped whatever failed before (a cluster that never started cannot tear down).
+  try {
+    await nc?.close(); nc = null;
+    nats?.signal("SIGCONT");
+    await store?.close(); store = null;
+    await tc?.teardown(); tc = null;
+  } finally { await nats?.stop(); nats = null; }
 });
 
 describe("a dispatch published late", () => {
