@@ -177,6 +177,11 @@ interface Round extends DueIndexChanges {
 }
 
 const GRACE_MS = 1000;
+const NONE_RECORDED: ReadonlySet<string> = new Set();
+/** A dependency trigger's run id, derived from its key: a redelivered trigger finds its run. */
+const dependencyRunId = (trig: DependencyTrigger): string => derivedRunId("rd", `${trig.taskId}:${trig.key}`);
+/** A backfill's run id, derived from (task, slot): a slot is backfilled once. */
+const backfillRunId = (cmd: { taskId: number; slotMs: number }): string => derivedRunId("rb", `${cmd.taskId}:${cmd.slotMs}`);
 /** A dispatch that lands this much after its release gives its runs their timeout from then (noteLatePublish). */
 const LATE_PUBLISH_MS = 250;
 /** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
@@ -427,6 +432,14 @@ export class ShardActor implements EventSink {
     for (const row of await this.d.store.fetchTasks(this.shard, missing)) this.live.set(row.id, liveTask(row));
     // Calendars of excluded dates named by the tasks coming due (none: no query).
     await this.calendars.ensure([...need].map((id) => this.live.get(id)?.row));
+    // Which derived runs (a dependency trigger's, a backfill's) PostgreSQL already holds: one
+    // query before deciding, not one per message while the round is being decided.
+    const derived: string[] = [];
+    for (const m of batch) {
+      if (m.t === "trigger" && m.trig.kind !== "upstream_failed") derived.push(dependencyRunId(m.trig));
+      if (m.t === "cmd" && m.cmd.type === "backfill") derived.push(backfillRunId(m.cmd));
+    }
+    const recorded = derived.length ? new Set((await this.d.store.getRuns(derived)).map((r) => r.id)) : NONE_RECORDED;
 
     for (const m of batch) {
       switch (m.t) {
@@ -455,10 +468,10 @@ export class ShardActor implements EventSink {
           break;
         case "trigger":
           if (!canFire) { round.naks.push(m.msg); break; }
-          await this.onDependencyTrigger(round, m.trig, m.msg, now);
+          this.onDependencyTrigger(round, m.trig, m.msg, now, recorded);
           break;
         case "cmd":
-          if (m.cmd.type === "backfill") await this.onBackfill(round, m.cmd, m.reply, now, canFire);
+          if (m.cmd.type === "backfill") this.onBackfill(round, m.cmd, m.reply, now, canFire, recorded);
           else this.onCommand(round, m.cmd, m.reply, now, canFire);
           break;
         case "refilled":
@@ -872,7 +885,7 @@ export class ShardActor implements EventSink {
     this.setPointer(round, lt, p);
   }
 
-  private async onDependencyTrigger(round: Round, trig: DependencyTrigger, msg: Ackable, now: number): Promise<void> {
+  private onDependencyTrigger(round: Round, trig: DependencyTrigger, msg: Ackable, now: number, recorded: ReadonlySet<string>): void {
     const lt = this.live.get(trig.taskId);
     if (!lt) { round.acks.push(msg); return; }
     if (trig.kind === "upstream_failed") {
@@ -886,8 +899,8 @@ export class ShardActor implements EventSink {
       return;
     }
     // The run id is derived from the trigger's key: a redelivered trigger finds its run and stops.
-    const runId = derivedRunId("rd", `${trig.taskId}:${trig.key}`);
-    if ((await this.d.store.getRuns([runId])).length || this.inFlight.has(runId)) { round.acks.push(msg); return; }
+    const runId = dependencyRunId(trig);
+    if (recorded.has(runId) || this.inFlight.has(runId)) { round.acks.push(msg); return; }
     const before = this.stats.fired;
     this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId });
     if (this.stats.fired > before || !this.inFlight.has(runId) && round.write.runInserts.some((r) => r.id === runId)) round.acks.push(msg);
@@ -900,13 +913,13 @@ export class ShardActor implements EventSink {
    * run and not fired again. An executor at its in-flight limit, or a task whose run is in
    * flight (overlap=forbid), is answered with an error and the caller tries again later.
    */
-  private async onBackfill(round: Round, cmd: Extract<ShardCommand, { type: "backfill" }>, reply: (r: CommandReply) => void, now: number, canFire: boolean): Promise<void> {
+  private onBackfill(round: Round, cmd: Extract<ShardCommand, { type: "backfill" }>, reply: (r: CommandReply) => void, now: number, canFire: boolean, recorded: ReadonlySet<string>): void {
     const lt = this.live.get(cmd.taskId);
     const fail = (e: AxError) => reply({ ok: false, error: e.toJSON() });
     if (!lt) { fail(new AxError("AX_E_NOT_FOUND", `no task ${cmd.taskId} on shard ${this.shard}`, { field: "task", value: cmd.taskId })); return; }
     if (!canFire) { fail(new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is handing over; retry`)); return; }
-    const runId = derivedRunId("rb", `${cmd.taskId}:${cmd.slotMs}`);
-    if (this.inFlight.has(runId) || round.write.runInserts.some((r) => r.id === runId) || (await this.d.store.getRuns([runId])).length) {
+    const runId = backfillRunId(cmd);
+    if (this.inFlight.has(runId) || round.write.runInserts.some((r) => r.id === runId) || recorded.has(runId)) {
       reply({ ok: true, value: { runId, existed: true } });
       return;
     }
