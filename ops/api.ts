@@ -90,6 +90,8 @@ export interface ApiDeps {
   supervisor: ShardSupervisor;
   nodeId: string;
   status: () => Promise<unknown>;
+  /** The live nodes' loads from their heartbeats (this one's own), without a query. */
+  nodes: () => ReadonlyArray<{ load?: { byExecutor?: Record<string, number> } }>;
   limits?: ApiLimits;
 }
 
@@ -311,7 +313,7 @@ export class Api {
       case "task.search": return searchTasks(this.browse, args);
       case "task.tag": return tagTask(this.browse, await this.task(args), args);
       case "failures": return failures(this.browse, args);
-      case "executors.inflight": return inFlightByExecutor(this.browse, () => this.d.status());
+      case "executors.inflight": return inFlightByExecutor(this.browse, this.d.nodes());
       case "run.show": return this.showRun(args);
       case "alerts.set": case "alerts.ls": case "alerts.rm": return alertsOp(this.d.store.alertHooks, op, args, this.d.clock.now());
       case "task.preview": return this.previewTask(args);

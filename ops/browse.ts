@@ -103,8 +103,6 @@ export async function attemptsOf(d: BrowseDeps, run: RunRow): Promise<RunRow[]> 
   return chain;
 }
 
-interface NodeLoads { nodes: Array<{ load?: { byExecutor?: Record<string, number> } }> }
-
 /**
  * `executors.inflight`: places held at each executor, cluster-wide — the sum of what every live
  * node's heartbeat says its limiter holds (runs dispatched and not ended, places reserved). No
@@ -112,10 +110,9 @@ interface NodeLoads { nodes: Array<{ load?: { byExecutor?: Record<string, number
  * While a node of an older version (whose heartbeat does not say) is live, the runs table is
  * counted as before.
  */
-export async function inFlightByExecutor(d: BrowseDeps, status: () => Promise<unknown>): Promise<Record<string, number>> {
-  const s = await status() as NodeLoads;
-  if (!s.nodes.length || s.nodes.some((n) => !n.load?.byExecutor)) return d.store.browse.runningByExecutor();
+export async function inFlightByExecutor(d: BrowseDeps, nodes: ReadonlyArray<{ load?: { byExecutor?: Record<string, number> } }>): Promise<Record<string, number>> {
+  if (!nodes.length || nodes.some((n) => !n.load?.byExecutor)) return d.store.browse.runningByExecutor();
   const out: Record<string, number> = {};
-  for (const n of s.nodes) for (const [executor, k] of Object.entries(n.load!.byExecutor!)) out[executor] = (out[executor] ?? 0) + k;
+  for (const n of nodes) for (const [executor, k] of Object.entries(n.load!.byExecutor!)) out[executor] = (out[executor] ?? 0) + k;
   return out;
 }

@@ -5,7 +5,7 @@ import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, creat
 import { DeadLetters, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
-import { LeaseBucket, ShardSupervisor, controlKey, type ShardHandle } from "../cluster/index.ts";
+import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
@@ -171,7 +171,7 @@ export class AxNode {
     this.wireMetricSources(jsm);
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
-      supervisor: this.supervisor, nodeId: this.id, status: () => this.status(),
+      supervisor: this.supervisor, nodeId: this.id, status: () => this.status(), nodes: () => this.nodes(),
       limits: { payloadBytes: c.limits.payloadBytes, payloadDepth: c.limits.payloadDepth },
     });
     // The API: any node answers (queue group), so the CLI needs only a NATS URL.
@@ -429,10 +429,14 @@ export class AxNode {
     return { firedPerSec: this.firedPerSec(), inFlight: this.limiter.inFlight(), lagMs: this.maxLagMs(), byExecutor: Object.fromEntries(this.limiter.byExecutor()) };
   }
 
-  async status(): Promise<unknown> {
-    const members = this.supervisor.liveMembers();
+  /** This node and the live members, as their heartbeats describe them (no query). */
+  private nodes(): Array<{ id: string; http: string | null; shards: number[]; load: Heartbeat["load"]; failing: Record<string, string> }> {
     const self = { id: this.id, http: this.httpAddress, shards: this.ownedShards(), load: this.load(), failing: this.failing() };
-    const nodes = [self, ...members.filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load, failing: m.failing ?? {} }))];
+    return [self, ...this.supervisor.liveMembers().filter((m) => m.id !== this.id).map((m) => ({ id: m.id, http: m.http, shards: m.shards, load: m.load, failing: m.failing ?? {} }))];
+  }
+
+  async status(): Promise<unknown> {
+    const nodes = this.nodes();
     // Without PostgreSQL the status still answers (which node fails what is the point of asking
     // then); the counts it cannot read are null.
     const fromPg = await (async () => {
