@@ -721,6 +721,11 @@ export class ShardActor implements EventSink {
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
     else round.touched.add(row.id);
+    // A withdrawal gives back only what this fire moved. A retry takes no slot and accounts none:
+    // giving back the values it merely saw would undo what runs fired after it moved (its task's
+    // next slots fire meanwhile), and the ledger would account their slots a second time.
+    if (run.slotsBefore && row.triggerSlots[run.slotsBefore.key] === run.slotsBefore.value) delete run.slotsBefore;
+    if (run.ledgerBefore && row.triggerSlots[run.ledgerBefore.key] === run.ledgerBefore.value) delete run.ledgerBefore;
   }
 
   /**
