@@ -198,6 +198,8 @@ export class Executor {
   private pending = new Map<string, { route: Route; events: RunEvent[] }>();
   private flushTimer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> = Promise.resolve();
+  /** Settled by the next flush: what a dispatch waits on before its ack (see eventsStored). */
+  private nextFlush: { promise: Promise<void>; resolve: () => void; reject: (e: unknown) => void } | null = null;
   private loop: Promise<void> | null = null;
   private inflightMessages = new Set<Promise<void>>();
   private stopConsume: (() => void) | null = null;
@@ -354,7 +356,7 @@ export class Executor {
         }));
       }
       await Promise.all(runs);
-      await this.flush();
+      await this.eventsStored();
       m.ack();
     } finally {
       clearInterval(keepAlive);
@@ -522,14 +524,36 @@ export class Executor {
     return p.events;
   }
 
+  /**
+   * Resolves when every event buffered so far is stored: a dispatch is acked only then, so a crash
+   * never leaves an acked dispatch whose completions are lost. Buffered events go with the next
+   * timed flush (at most eventFlushMs away) rather than a flush of their own: the dispatches that
+   * finish within one flush interval share one event message (forcing a flush per dispatch gave
+   * about one event message, and one ack, per dispatch message).
+   */
+  private eventsStored(): Promise<void> {
+    if (this.pending.size === 0) return this.flushing;
+    if (!this.nextFlush) {
+      let resolve!: () => void;
+      let reject!: (e: unknown) => void;
+      const promise = new Promise<void>((res, rej) => { resolve = res; reject = rej; });
+      this.nextFlush = { promise, resolve, reject };
+    }
+    return this.nextFlush.promise;
+  }
+
   /** Publishes every buffered event; resolves when JetStream stored them (and anything flushed before). */
   flush(): Promise<void> {
     if (this.flushTimer) { clearTimeout(this.flushTimer); this.flushTimer = null; }
     const batches = [...this.pending.values()];
     this.pending = new Map();
+    const waiting = this.nextFlush;
+    this.nextFlush = null;
     const prev = this.flushing;
     this.flushing = (async () => {
-      await prev;
+      // An earlier batch that could not be published was logged and failed its own waiters; it
+      // must not stop this one.
+      await prev.catch(() => undefined);
       await Promise.all(batches.map(async ({ route, events }) => {
         const msgID = `e:${this.instance}:${++this.eventSeq}`;
         const [subject, data] = route.node !== null
@@ -542,6 +566,7 @@ export class Executor {
         this.recent.note(subject, data, msgID);
       }));
     })();
+    if (waiting) this.flushing.then(waiting.resolve, waiting.reject);
     return this.flushing;
   }
 

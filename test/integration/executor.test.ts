@@ -1,10 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { names } from "../../common/index.ts";
 import { EventBatchSchema, Executor, decode, encode, type DispatchRun, type RunContext, type RunEvent } from "../../protocol/index.ts";
 import { TestCluster } from "../cluster.ts";
-import { waitFor } from "../helpers.ts";
+import { sleep, waitFor } from "../helpers.ts";
 
 // The SDK alone, against real JetStream: dispatches are published here as a node would, and the
 // events it sends back are read off the events subjects.
@@ -102,5 +102,52 @@ describe("executor SDK", () => {
     const ev = eventsOf(runId);
     expect(ev.map((e) => e.type)).toEqual(["completed"]);
     expect(ev[0]!.startedAt).toBeLessThanOrEqual(ev[0]!.at);
+  });
+
+  it("dispatches finishing within one flush interval share an event message, and each is acked only once its events are stored", async () => {
+    // Its own executor name (its own dispatch consumer) and a long flush interval, so the ten
+    // dispatches below, delivered together, all finish inside one interval.
+    const name = "batched";
+    const runIds = Array.from({ length: 10 }, (_, i) => `r-batched-${i}`);
+    const js = jetstream(nc);
+    const now = Date.now();
+    for (const [i, runId] of runIds.entries()) {
+      const run: DispatchRun = { runId, taskId: 1000 + i, taskName: "batched", attempt: 1, source: "manual", payload: { mode: "quick" }, scheduledAt: now, firedAt: now, timeoutMs: 10_000 };
+      await js.publish(n.dispatchSubject(name), encode({ v: 1, shard: 0, epoch: 1, node: "test", runs: [run] }), { msgID: `d:${runId}` });
+    }
+    // Event messages carrying these runs, and how many of those runs' completions were seen
+    // each time the dispatch consumer's acks are read.
+    let messages = 0;
+    const completed = new Set<string>();
+    const sub = nc.subscribe(n.eventsWildcard, { callback: (_e, m) => {
+      const d = decode(EventBatchSchema, m.data);
+      if (!d.ok) return;
+      const mine = d.value.events.filter((e) => runIds.includes(e.runId));
+      if (mine.length) messages++;
+      for (const e of mine) if (e.type === "completed") completed.add(e.runId);
+    } });
+    await nc.flush();
+    const batched = new Executor({ name, handler, namespace: tc.ns, natsUrl: tc.config.natsUrl, register: false, eventFlushMs: 300 });
+    const jsm = await jetstreamManager(nc);
+    try {
+      await batched.start();
+      const durable = n.executorConsumer(name);
+      let ackedBeforeStored = 0;
+      let acked = 0;
+      while (acked < runIds.length) {
+        const seenBefore = completed.size; // read before the consumer's state: an ack seen below happened after this count
+        const info = await jsm.consumers.info(n.dispatchStream, durable);
+        acked = info.ack_floor.stream_seq === 0 ? 0 : runIds.length - info.num_pending - info.num_ack_pending;
+        if (acked > seenBefore) ackedBeforeStored = Math.max(ackedBeforeStored, acked - seenBefore);
+        await sleep(5);
+      }
+      expect(ackedBeforeStored).toBe(0);
+      expect(completed.size).toBe(runIds.length);
+      // One forced flush per dispatch sent one event message (and took one ack on the node) per dispatch.
+      expect(messages).toBeLessThanOrEqual(2);
+    } finally {
+      sub.unsubscribe();
+      await batched.stop();
+    }
   });
 });
