@@ -74,6 +74,30 @@ describe("store", () => {
     expect(await store.getRun("r1")).toMatchObject({ state: "success", startedMs: 7, finishedMs: 9, executorInstance: "i1" });
   });
 
+  it("JSON values cross the fenced write unchanged: run results of every JSON kind, upstream runs, a task's record and slots", async () => {
+    // The recordsets read these columns as json and cast them (see fencedWrite.ts): a string must
+    // stay a JSON string (quotes, escapes, non-ASCII), not become its bare text.
+    const t = (await store.getTask("a"))!;
+    const results: unknown[] = ["plain", "q\"uo\\te \u00e9 \u2713 \n", 0, -1.5e10, true, false, [1, "two", { three: [null] }], { nested: { deep: ["x", 2] }, empty: {} }, [], ""];
+    const ids = results.map((_, i) => `rj${i}`);
+    await store.writeBatch([{ shard: 1, epoch: 11, runInserts: ids.map((id) => ({ ...run(id, t.id, 1, 11), upstreamRuns: ["up-\"1", "up-2"] })), runUpdates: [], taskUpdates: [] }]);
+    const w = await store.writeBatch([{
+      shard: 1, epoch: 11, runInserts: [], runUpdates: ids.map((id, i) => ({ id, state: "success", finishedMs: 9, result: results[i] })),
+      taskUpdates: [{ id: t.id, state: "running", record: { value: "running", context: { attempt: 2, inFlight: ["rj0"], lastRunId: "rj\"0", lastError: "boom \\ \u00e9" } },
+        triggerSlots: { "7": 123, "8": 4.5e12 }, nextDueMs: null, nextSlotMs: null, nextTriggerId: null, nextSource: null, nextReason: null, nextCausedBy: null }],
+    }]);
+    expect(w.stale).toEqual([]);
+    for (const [i, id] of ids.entries()) {
+      const r = (await store.getRun(id))!;
+      expect(r.result, id).toEqual(results[i]);
+      expect(r.upstreamRuns).toEqual(["up-\"1", "up-2"]);
+    }
+    const row = (await store.pool.query(`select record, trigger_slots, jsonb_typeof(record) as kind from "${ns}".tasks where id = $1`, [t.id])).rows[0];
+    expect(row.kind).toBe("object");
+    expect(row.record).toEqual({ a: 2, f: ["rj0"], r: "rj\"0", e: "boom \\ \u00e9" });
+    expect(row.trigger_slots).toEqual({ "7": 123, "8": 4.5e12 });
+  });
+
   it("a partly released dispatch message is noted, and its replay is split into the part sent and the rest", async () => {
     const t = await store.createTask(newTask("partial", { shardOf: () => 2 }));
     expect(await store.claimShard(2, "n1", 20, 1)).toBe(true);
