@@ -12,7 +12,7 @@ export const UPDATE_DEFINITIONS = `with ok as (select s.shard from shards s join
   u as (select x.* from json_to_recordset($1::json) as x(id bigint, shard int, generation int, executor text, payload jsonb, timeout_ms int,
       max_attempts int, backoff_ms int, backoff_max_ms int, misfire text, overlap text, trigger_set jsonb, link jsonb, unlink jsonb,
       h_name text, h_at bigint, h_who text, h_kind text, h_change jsonb, h_prev text)
-    where x.shard in (select shard from ok)),
+    where x.shard = any(array(select shard from ok))),
   t as (update tasks t set generation = u.generation, executor = u.executor, payload = u.payload, timeout_ms = u.timeout_ms,
       max_attempts = u.max_attempts, backoff_ms = u.backoff_ms, backoff_max_ms = u.backoff_max_ms, misfire = u.misfire, overlap = u.overlap,
       trigger_set = coalesce(u.trigger_set, t.trigger_set), updated_ms = $4

@@ -85,7 +85,7 @@ create trigger shards_prev_owner before update on shards for each row execute fu
 export const LEDGER_UPSERT = `with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch),
   u as (select * from json_to_recordset($1::json) as u(ord int, task_id bigint, task_name text, trigger_id bigint, after_ms bigint, from_ms bigint,
     to_ms bigint, count bigint, at_least boolean, reason text, merge_key text, details jsonb, node text, shard int, epoch bigint, created_ms bigint)
-    where u.shard in (select shard from ok)),
+    where u.shard = any(array(select shard from ok))),
   ext as (update ledger l set to_ms = u.to_ms, count = l.count + u.count, count_at_least = l.count_at_least or u.at_least, updated_ms = u.created_ms
     from u where u.after_ms is not null and l.task_id = u.task_id and l.trigger_id = u.trigger_id and l.to_ms = u.after_ms
       and l.reason = u.reason and l.merge_key = u.merge_key
