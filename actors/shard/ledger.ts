@@ -158,11 +158,14 @@ export function recordMisfireGap(out: LedgerInsert[], task: Task, cause: GapCaus
   const compile = opts.compile ?? compiledOf;
   for (const tr of task.triggers) {
     if (!tr.enabled || tr.kind === "fixed_delay") continue;
+    const w = watermark(task.triggerSlots, tr.id);
+    // A one-shot whose slot is accounted has no slot after the watermark: nothing to record, and
+    // no pointer to compute (every one-shot task's completion came through here).
+    if (tr.kind === "once" && w !== null && compile(tr).next(w) === null) continue;
     let p: Pointer | null;
     try { p = nextPointer({ ...task, triggers: [tr] }, ctx.now, { graceMs: grace, compile }); } catch { continue; }
     const cutoff = ctx.now - grace;
     const until = p === null ? cutoff : p.source === "misfire" ? Math.max(cutoff, (p.slotMs ?? cutoff) + 1) : Math.min(cutoff, p.slotMs ?? cutoff);
-    const w = watermark(task.triggerSlots, tr.id);
     const r = slotsBetween(compile(tr), w, until, task.createdMs);
     if (!r) continue;
     const c = causeOf(cause, task.misfire);

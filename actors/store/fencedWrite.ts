@@ -21,7 +21,9 @@ export class FencedWriter {
    */
   async write(writes: ShardWrite[], dispatches: ReadonlyArray<DispatchRecord> = []): Promise<{ stale: number[] }> {
     if (!writes.length) return { stale: [] };
-    const shards = writes.map((w) => w.shard); const epochs = writes.map((w) => w.epoch);
+    // The fence's two arrays as PostgreSQL array literals, built once: given as JS arrays, pg
+    // re-serialised them for each of the transaction's statements (4 % of the node's allocations).
+    const shards = `{${writes.map((w) => w.shard).join(",")}}`; const epochs = `{${writes.map((w) => w.epoch).join(",")}}`;
     // One round trip: the statements are pipelined on one connection, so the writes cannot wait
     // for the fence's answer. Each write statement therefore repeats the fence as a filter
     // (`ok`): rows of a shard whose epoch is not current are not written. The first statement

@@ -188,6 +188,43 @@ describe("ledger module: intervals", () => {
   });
 });
 
+describe("ledger module: one-shot tasks", () => {
+  const at = T0 + 5_000;
+  const once = (): TriggerRow => ({ id: 4, kind: "once", spec: { kind: "once", atMs: at }, enabled: true });
+  const causes: ledger.GapCause[] = [
+    { kind: "behind" },
+    { kind: "paused", pausedAtMs: T0, resumedAtMs: at + 60_000 },
+    { kind: "outage", acquiredMs: at + 60_000, node: "n2", epoch: 2, lastOwner: "n1", lastEpoch: 1, lastOwnerSinceMs: T0 },
+  ];
+
+  it("a one-shot whose slot is accounted (run, or recorded as a non-run) records nothing more, whatever the cause, and keeps its watermark", () => {
+    for (const cause of causes) {
+      for (const fate of [{ outcome: "run", runId: "r" }, { outcome: "overlap", runId: "s", runningRunId: "r0" }] as const) {
+        const task = taskWith(once(), "once");
+        expect(ledger.recordSlot([], task, 4, at, fate, { node: "n", shard: 0, epoch: 1, now: at })).toBe(true);
+        const slots = { ...task.triggerSlots };
+        const out: LedgerInsert[] = [];
+        ledger.recordMisfireGap(out, task, cause, { node: "n", shard: 0, epoch: 1, now: at + 60_000 });
+        expect(out, `${cause.kind} after ${fate.outcome}`).toEqual([]);
+        expect(task.triggerSlots).toEqual(slots);
+      }
+    }
+  });
+
+  it("a one-shot whose slot passed unaccounted (never decided, or a watermark before it) is recorded with the cause", () => {
+    for (const cause of causes) {
+      for (const w of [undefined, T0 + 1_000]) {
+        const task = taskWith(once(), "skip");
+        if (w !== undefined) task.triggerSlots = { "w:4": w };
+        const out: LedgerInsert[] = [];
+        ledger.recordMisfireGap(out, task, cause, { node: "n", shard: 0, epoch: 1, now: at + 60_000 });
+        expect(out, `${cause.kind}, watermark ${w}`).toMatchObject([{ triggerId: 4, fromMs: at, toMs: at, count: 1 }]);
+        expect(ledger.watermark(task.triggerSlots, 4)).toBe(at);
+      }
+    }
+  });
+});
+
 describe("deploy/prometheus/ax-ledger-rules.yml", () => {
   it("parses, uses ax_slots_total with every outcome the ledger knows, and never counts paused or excluded slots as failures", async () => {
     const { parse } = await import("yaml");
