@@ -13,8 +13,6 @@ export type WheelItem = { k: 0; id: number; due: number } | { k: 1; runId: strin
 export interface DueIndexChanges {
   redisAdd: Array<{ id: number; dueMs: number }>;
   redisRemove: number[];
-  /** Tasks this round took off the wheel to fire whose due-index entry the refill already took. */
-  notInRedis: Set<number>;
 }
 
 export interface HorizonOptions {
@@ -56,6 +54,17 @@ export class Horizon {
    * firing or moving the task needs no removal from Redis.
    */
   private readonly inWheel = new Map<number, { dueMs: number; ref: WheelRef; inRedis: boolean }>();
+  /**
+   * Tasks off the wheel whose due-index entry is known to be gone: the refill took it (their
+   * wheel entry came up without one), or a round removed it, and nothing was scheduled for them
+   * since. Unscheduling such a task again (the round that ends a one-shot's run, a removal)
+   * removes nothing from Redis: before, every completed one-shot task cost a ZREM of an entry
+   * that was not there (half a Redis command per run at 4,000/s, one per shard and round).
+   * Forgotten with the task's row (forget), so it holds no more than the shard's live tasks;
+   * a task not in it is removed from Redis as before. Were Redis to hold an entry after all (a
+   * ZREM that failed), the refill brings it back and onDue skips it: the row's due time decides.
+   */
+  private readonly unindexed = new Set<number>();
   private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
   private refilling: Promise<void> | null = null;
   private refills = 0;
@@ -88,6 +97,7 @@ export class Horizon {
 
   /** Within the horizon: on the wheel, `leadMs` ahead. Beyond it: into the due index with the round. */
   schedule(changes: DueIndexChanges, id: number, dueMs: number, inRedis = false): void {
+    this.unindexed.delete(id);
     if (dueMs <= this.o.clock.now() + this.horizonMs) {
       // Placed `leadMs` ahead: the run is decided and written before its due time and released
       // (published) at it by the node's round (Persister), so the write is not on the fire path.
@@ -107,13 +117,19 @@ export class Horizon {
   /** Takes the task's due time off the wheel and, where the due index may hold it, out of Redis. */
   unschedule(changes: DueIndexChanges, id: number): void {
     const w = this.takeOff(id);
-    if (w) {
-      if (!w.inRedis) return;
-    } else if (changes.notInRedis.delete(id)) {
-      return; // just fired off the wheel; the refill took its entry (one ZREM a run saved)
-    }
-    changes.redisRemove.push(id);
+    const gone = w ? !w.inRedis : this.unindexed.has(id);
+    if (!gone) changes.redisRemove.push(id);
+    this.unindexed.add(id);
   }
+
+  /** Back into the due index with the round (not fired now: the shard is handing over, no place was free). */
+  backToIndex(changes: DueIndexChanges, id: number, dueMs: number): void {
+    this.unindexed.delete(id);
+    changes.redisAdd.push({ id, dueMs });
+  }
+
+  /** The task's row left memory: what was known about its index entry goes too. */
+  forget(id: number): void { this.unindexed.delete(id); }
 
   /** The task's due time on the wheel, if it has one. */
   dueOf(id: number): number | undefined { return this.inWheel.get(id)?.dueMs; }
@@ -126,11 +142,13 @@ export class Horizon {
     const w = this.inWheel.get(id);
     if (!w || w.dueMs !== dueMs) return undefined;
     this.inWheel.delete(id);
+    if (!w.inRedis) this.unindexed.add(id);
     return w;
   }
 
   /** Put back on the wheel at its due time itself (decided then, not `leadMs` ahead). */
   holdUntilDue(id: number, dueMs: number, inRedis: boolean): void {
+    this.unindexed.delete(id);
     this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id, due: dueMs }), inRedis });
   }
 

@@ -408,7 +408,7 @@ export class ShardActor implements EventSink {
   private newRound(): Round {
     return {
       write: { shard: this.shard, epoch: this.epoch, runInserts: [], runUpdates: [], taskUpdates: [], ledger: [] },
-      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(), notInRedis: new Set(),
+      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(),
     };
   }
 
@@ -456,8 +456,7 @@ export class ShardActor implements EventSink {
               this.horizon.holdUntilDue(id, due, w.inRedis);
               continue;
             }
-            if (!canFire) { round.redisAdd.push({ id, dueMs: due }); continue; }
-            if (!w.inRedis) round.notInRedis.add(id);
+            if (!canFire) { this.horizon.backToIndex(round, id, due); continue; }
             this.guard(round, id, () => this.onDue(round, id, due, now));
           }
           break;
@@ -479,7 +478,7 @@ export class ShardActor implements EventSink {
           break;
         case "capacity":
           if (canFire) this.guard(round, m.taskId, () => this.onDue(round, m.taskId, m.dueMs, now));
-          else round.redisAdd.push({ id: m.taskId, dueMs: m.dueMs });
+          else this.horizon.backToIndex(round, m.taskId, m.dueMs);
           // Not used (paused, removed, rescheduled meanwhile, or the shard is handing over): the
           // place goes to the next waiter.
           if (this.reserved.delete(m.taskId)) this.d.limiter.release(m.executor);
@@ -1155,7 +1154,8 @@ export class ShardActor implements EventSink {
   private evictIdle(): void {
     for (const id of this.evictable) {
       const lt = this.live.get(id);
-      if (lt && (lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id)) this.live.delete(id);
+      if (!lt) this.horizon.forget(id); // a task that came due but no longer exists
+      else if ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id)) { this.live.delete(id); this.horizon.forget(id); }
       if (!this.unwritten.has(id)) this.evictable.delete(id);
     }
   }

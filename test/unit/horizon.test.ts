@@ -31,7 +31,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number } = {}) {
     onRefilled: (items) => { refilled.push(...items); },
     active: () => active,
   });
-  const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [], notInRedis: new Set() });
+  const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [] });
   return { clock, index, came, refilled, h, changes, stop: () => { active = false; h.halt(); } };
 }
 
@@ -64,11 +64,35 @@ describe("shard horizon", () => {
     const ch = changes();
     h.schedule(ch, 1, clock.now() + 500);            // refill-taken copy: Redis holds nothing
     h.schedule(ch, 2, clock.now() + 500, true);      // the API's copy: Redis still holds it
-    ch.notInRedis.add(3);                             // fired off the wheel this round, refill had taken it
+    h.schedule(ch, 3, clock.now() + 500);
+    expect(h.cameDue(3, clock.now() + 500)).toMatchObject({ inRedis: false }); // fired off the wheel, refill had taken it
     h.unschedule(ch, 1); h.unschedule(ch, 2); h.unschedule(ch, 3); h.unschedule(ch, 4);
     expect(ch.redisRemove).toEqual([2, 4]);
     expect(h.dueOf(1)).toBeUndefined();
     expect(h.dueOf(2)).toBeUndefined();
+  });
+
+  it("unschedule in a later round: nothing removed again until something is scheduled (a one-shot's completion after its fire)", () => {
+    const { clock, h, changes } = setup();
+    const due = clock.now() + 500;
+    const fire = changes();
+    h.schedule(fire, 1, due);                         // refill-taken copy
+    h.schedule(fire, 2, due, true);                   // the API's copy
+    h.cameDue(1, due); h.cameDue(2, due);
+    h.unschedule(fire, 1); h.unschedule(fire, 2); h.unschedule(fire, 3); // the fire's round: no next slot
+    expect(fire.redisRemove).toEqual([2, 3]);
+    const done = changes();                           // the round that ends their runs
+    for (const id of [1, 2, 3]) h.unschedule(done, id);
+    expect(done.redisRemove).toEqual([]);
+    // Scheduled again: beyond the horizon (into Redis) or back into the index, it may be there.
+    const again = changes();
+    h.schedule(again, 1, clock.now() + 60_000);
+    h.backToIndex(again, 2, due);
+    expect(again.redisAdd.map((a) => a.id)).toEqual([1, 2]);
+    h.forget(3);                                      // its row left memory: nothing known any more
+    const later = changes();
+    for (const id of [1, 2, 3]) h.unschedule(later, id);
+    expect(later.redisRemove).toEqual([1, 2, 3]);
   });
 
   it("cameDue: a superseded copy is ignored; holdUntilDue decides at the due time itself", () => {
