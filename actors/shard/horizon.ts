@@ -21,7 +21,7 @@ export interface HorizonOptions {
   wheelSize: number;
   clock: Clock;
   log: Logger;
-  due: Pick<DueIndex, "isBuilt" | "rebuild" | "takeDue">;
+  due: Pick<DueIndex, "rebuild" | "takeDue">;
   store: Pick<Store, "dueOfShard">;
   /** How far ahead due times are taken from Redis into the wheel (default: the wheel's span, at most 10 s). */
   horizonMs?: number;
@@ -193,13 +193,17 @@ export class Horizon {
     if (!this.o.active() || this.refilling) return this.refilling ?? Promise.resolve();
     this.refilling = (async () => {
       try {
-        if (!(await this.o.due.isBuilt(this.o.shard))) {
-          this.o.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
-          await this.o.due.rebuild(this.o.shard, await this.o.store.dueOfShard(this.o.shard));
-        }
-        for (;;) {
+        for (let rebuilt = false; ;) {
           if (!this.o.active()) break;
           const items = await this.o.due.takeDue(this.o.shard, this.o.clock.now() + this.horizonMs, 5000);
+          if (items === null) {
+            // Once per refill: should it still be missing right after, the next refill tries again.
+            if (rebuilt) break;
+            this.o.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
+            await this.o.due.rebuild(this.o.shard, await this.o.store.dueOfShard(this.o.shard));
+            rebuilt = true;
+            continue;
+          }
           if (items.length) this.o.onRefilled(items);
           if (items.length < 5000) break;
         }

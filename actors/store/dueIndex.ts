@@ -3,12 +3,16 @@ import { names, type Names, type RedisTarget } from "../../common/index.ts";
 import { checkRedis, createRedis, keySlot, type RedisClient } from "./redis.ts";
 
 /**
- * take-due — KEYS[1] = the shard's due sorted set; ARGV[1] = upper bound (epoch ms, inclusive),
- * ARGV[2] = max members. Returns [member, score, member, score, ...] of the earliest members due
- * by the bound and removes exactly those, atomically: two callers never both take a member.
+ * take-due — KEYS[1] = the shard's due sorted set, KEYS[2] = its "built" marker; ARGV[1] = upper
+ * bound (epoch ms, inclusive), ARGV[2] = max members. Without the marker (the index was lost or
+ * never built) it takes nothing and returns nil. Otherwise returns [member, score, member,
+ * score, ...] of the earliest members due by the bound and removes exactly those, atomically:
+ * two callers never both take a member. One command per refill, where a marker check of its
+ * own was a second (64 shards refill four times a second each).
  */
-export const TAKE_DUE_KEYS = 1;
+export const TAKE_DUE_KEYS = 2;
 export const TAKE_DUE = `
+if redis.call('EXISTS', KEYS[2]) == 0 then return false end
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 for i = 1, #items, 2 do redis.call('ZREM', KEYS[1], items[i]) end
 return items`;
@@ -78,9 +82,21 @@ export class DueIndex {
   async remove(shard: number, ids: ReadonlyArray<number>): Promise<void> {
     if (ids.length) await this.redis.zrem(this.dueKey(shard), ...ids.map(String));
   }
-  async takeDue(shard: number, untilMs: number, limit: number): Promise<Array<{ id: number; dueMs: number }>> {
-    const flat = (await (this.redis as unknown as { axTakeDue(k: string, a: number, b: number): Promise<string[]> })
-      .axTakeDue(this.dueKey(shard), untilMs, limit)) ?? [];
+  /**
+   * Takes the entries due by `untilMs` (at most `limit`), or returns null when the index must be
+   * rebuilt from PostgreSQL first: its marker is missing, or the shard's server changed since
+   * this process last built or checked it (a failover; see isBuilt). In the second case the
+   * entries taken are dropped with the rest: the rebuild restores them.
+   */
+  async takeDue(shard: number, untilMs: number, limit: number): Promise<Array<{ id: number; dueMs: number }> | null> {
+    const flat = await (this.redis as unknown as { axTakeDue(k: string, m: string, a: number, b: number): Promise<string[] | null> })
+      .axTakeDue(this.dueKey(shard), this.markerKey(shard), untilMs, limit);
+    // Read after the command: a MOVED or a reconnection on the way has updated the view.
+    const now = this.serverOf(shard);
+    if (flat === null) return null;
+    const seen = this.builtOn.get(shard);
+    if (seen === undefined) this.builtOn.set(shard, now);
+    else if (seen !== now) return null;
     const out: Array<{ id: number; dueMs: number }> = [];
     for (let i = 0; i < flat.length; i += 2) out.push({ id: Number(flat[i]), dueMs: Number(flat[i + 1]) });
     return out;

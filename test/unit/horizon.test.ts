@@ -8,31 +8,38 @@ import { Horizon, type DueIndexChanges, type WheelItem } from "../../actors/shar
  * index here is a sorted list in memory standing in for Redis' sorted set: these tests are
  * about the horizon's bookkeeping, the real index has its own (test/integration).
  */
-function setup(opts: { horizonMs?: number; leadMs?: number } = {}) {
+function setup(opts: { horizonMs?: number; leadMs?: number; builtAfterRebuild?: boolean } = {}) {
   const clock = new SimulatedClock();
   const index = new Map<number, number>(); // task → due, the "Redis" side
+  const pgDue: Array<{ id: number; dueMs: number }> = []; // what a rebuild reads from PostgreSQL
   const came: Array<{ dueMs: number; item: WheelItem; at: number }> = [];
   const refilled: Array<{ id: number; dueMs: number }> = [];
   let active = true;
+  const built = { now: true, rebuilds: 0 };
   const h = new Horizon({
     shard: 0, tickMs: 10, wheelSize: 512, clock, log: silentLogger,
     horizonMs: opts.horizonMs ?? 2000, leadMs: opts.leadMs ?? 100, random: () => 0,
     due: {
-      isBuilt: async () => true,
-      rebuild: async () => undefined,
+      rebuild: async (_s: number, entries: ReadonlyArray<{ id: number; dueMs: number }>) => {
+        built.rebuilds++;
+        index.clear();
+        for (const e of entries) index.set(e.id, e.dueMs);
+        built.now = opts.builtAfterRebuild ?? true;
+      },
       takeDue: async (_s: number, untilMs: number, limit: number) => {
+        if (!built.now) return null;
         const out = [...index].filter(([, d]) => d <= untilMs).sort((a, b) => a[1] - b[1]).slice(0, limit).map(([id, dueMs]) => ({ id, dueMs }));
         for (const x of out) index.delete(x.id);
         return out;
       },
     },
-    store: { dueOfShard: async () => [] },
+    store: { dueOfShard: async () => [...pgDue] },
     onDue: (items) => { for (const i of items) came.push({ ...i, at: clock.now() }); },
     onRefilled: (items) => { refilled.push(...items); },
     active: () => active,
   });
   const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [] });
-  return { clock, index, came, refilled, h, changes, stop: () => { active = false; h.halt(); } };
+  return { clock, index, pgDue, built, came, refilled, h, changes, stop: () => { active = false; h.halt(); } };
 }
 
 describe("shard horizon", () => {
@@ -154,14 +161,36 @@ describe("shard horizon", () => {
     expect(new Set(refilled.map((r) => r.id)).size).toBe(6000);
     expect(refilled.every((r) => r.dueMs === now + 1000)).toBe(true);
     clock.advance(3500); // the far half comes within the horizon; the next refills take it
-    await h.settled();
-    await new Promise((r) => setImmediate(r));
-    await h.settled();
+    for (let i = 0; i < 3 && refilled.length < 12_000; i++) {
+      await h.settled();
+      await new Promise((r) => setImmediate(r));
+      await h.settled();
+      clock.advance(250); // the refill period
+    }
     expect(refilled.length).toBe(12_000);
     stop();
     index.set(99_999, now);
     clock.advance(1000);
     await h.settled();
     expect(refilled.some((r) => r.id === 99_999)).toBe(false);
+  });
+
+  it("refill: an index that is not built (lost, or on a new server) is rebuilt from PostgreSQL once, then taken", async () => {
+    const { clock, h, index, pgDue, built, refilled, stop } = setup({ horizonMs: 2000 });
+    const now = clock.now();
+    index.set(1, now + 500);                          // what a lost index still seemed to hold
+    built.now = false;
+    pgDue.push({ id: 2, dueMs: now + 500 }, { id: 3, dueMs: now + 9000 });
+    await h.refill();
+    expect(built.rebuilds).toBe(1);
+    expect(refilled).toEqual([{ id: 2, dueMs: now + 500 }]);
+    expect([...index]).toEqual([[3, now + 9000]]);    // beyond the horizon: stays in the index
+    // Still not built right after the rebuild (the server changed again): no loop, the next refill tries.
+    const again = setup({ horizonMs: 2000, builtAfterRebuild: false });
+    again.built.now = false;
+    await again.h.refill();
+    expect(again.built.rebuilds).toBe(1);
+    expect(again.refilled).toEqual([]);
+    stop(); again.stop();
   });
 });
