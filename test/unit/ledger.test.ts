@@ -225,6 +225,44 @@ describe("ledger module: one-shot tasks", () => {
   });
 });
 
+describe("ledger module: the shortcut of recordMisfireGap against the full walk", () => {
+  const kinds: Array<(r: () => number) => TriggerRow> = [
+    ...TRIGGERS.map((f) => () => f()),
+    (r) => ({ id: 7, kind: "once", spec: { kind: "once", atMs: T0 + Math.floor(r() * 60_000) }, enabled: true }),
+    (r) => ({ id: 7, kind: "fixed_rate", spec: { kind: "fixed_rate", everyMs: 1000 + Math.floor(r() * 9000), anchorMs: T0 + Math.floor(r() * 1000) }, enabled: true }),
+  ];
+  const causes: ledger.GapCause[] = [
+    { kind: "behind" }, { kind: "paused", pausedAtMs: T0, resumedAtMs: T0 + 1 },
+    { kind: "outage", acquiredMs: T0, node: "n2", epoch: 2, lastOwner: "n1", lastEpoch: 1, lastOwnerSinceMs: T0 },
+  ];
+  it("records the same intervals and moves the watermark the same way, on 3,000 random states (fixed seed)", () => {
+    const rnd = mulberry32(4242);
+    let shortcuts = 0;
+    for (let i = 0; i < 3000; i++) {
+      const tr = kinds[Math.floor(rnd() * kinds.length)]!(rnd);
+      const task = taskWith(tr, (["once", "skip", "all"] as const)[Math.floor(rnd() * 3)]!);
+      const now = T0 + Math.floor(rnd() * 120_000);
+      // A watermark near now (either side), sometimes none; the last fired slot at or before it.
+      if (rnd() < 0.85) {
+        const w = now + Math.floor((rnd() - 0.7) * 20_000);
+        task.triggerSlots = { "w:7": w, ...(rnd() < 0.7 ? { "7": w - Math.floor(rnd() * 3) * 1000 } : {}) };
+      }
+      const cause = causes[Math.floor(rnd() * causes.length)]!;
+      const ctx = { node: "n", shard: 0, epoch: 1, now };
+      const a = { ...task, triggerSlots: { ...task.triggerSlots } }; const b = { ...task, triggerSlots: { ...task.triggerSlots } };
+      const outA: LedgerInsert[] = []; const outB: LedgerInsert[] = [];
+      ledger.recordMisfireGap(outA, a, cause, ctx);
+      ledger.recordMisfireGap(outB, b, cause, ctx, { alwaysWalk: true });
+      expect(outA, `state ${i}: ${JSON.stringify({ spec: tr.spec, slots: task.triggerSlots, now, misfire: task.misfire })}`).toEqual(outB);
+      expect(a.triggerSlots).toEqual(b.triggerSlots);
+      if (!outB.length) shortcuts++;
+    }
+    // Both kinds of state were drawn: many with nothing to record, and many with an interval.
+    expect(shortcuts).toBeGreaterThan(500);
+    expect(shortcuts).toBeLessThan(2900);
+  });
+});
+
 describe("deploy/prometheus/ax-ledger-rules.yml", () => {
   it("parses, uses ax_slots_total with every outcome the ledger knows, and never counts paused or excluded slots as failures", async () => {
     const { parse } = await import("yaml");
