@@ -1154,8 +1154,8 @@ export class ShardActor implements EventSink {
   private evictIdle(): void {
     for (const id of this.evictable) {
       const lt = this.live.get(id);
-      if (!lt) this.horizon.forget(id); // a task that came due but no longer exists
-      else if ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id)) { this.live.delete(id); this.horizon.forget(id); }
+      // A task that came due but no longer exists is evicted too (what the horizon knew of it goes).
+      if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id))) { this.live.delete(id); this.horizon.forget(id); }
       if (!this.unwritten.has(id)) this.evictable.delete(id);
     }
   }

@@ -1,4 +1,5 @@
 import type { ShardWrite } from "./types.ts";
+import { FENCE_CTE, okShard } from "./fence.ts";
 
 /**
  * The statement that writes `ax task update` changes decided by a shard actor, in the round's
@@ -8,11 +9,11 @@ import type { ShardWrite } from "./types.ts";
  * not current change nothing, like every other statement of the batch.
  * $1 rows (JSON), $2 shards, $3 epochs, $4 now.
  */
-export const UPDATE_DEFINITIONS = `with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch),
+export const UPDATE_DEFINITIONS = `${FENCE_CTE},
   u as (select x.* from json_to_recordset($1::json) as x(id bigint, shard int, generation int, executor text, payload jsonb, timeout_ms int,
       max_attempts int, backoff_ms int, backoff_max_ms int, misfire text, overlap text, trigger_set jsonb, link jsonb, unlink jsonb,
       h_name text, h_at bigint, h_who text, h_kind text, h_change jsonb, h_prev text)
-    where x.shard = any(array(select shard from ok))),
+    where ${okShard("x.shard")}),
   t as (update tasks t set generation = u.generation, executor = u.executor, payload = u.payload, timeout_ms = u.timeout_ms,
       max_attempts = u.max_attempts, backoff_ms = u.backoff_ms, backoff_max_ms = u.backoff_max_ms, misfire = u.misfire, overlap = u.overlap,
       trigger_set = coalesce(u.trigger_set, t.trigger_set), updated_ms = $4

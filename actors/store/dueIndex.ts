@@ -91,12 +91,7 @@ export class DueIndex {
   async takeDue(shard: number, untilMs: number, limit: number): Promise<Array<{ id: number; dueMs: number }> | null> {
     const flat = await (this.redis as unknown as { axTakeDue(k: string, m: string, a: number, b: number): Promise<string[] | null> })
       .axTakeDue(this.dueKey(shard), this.markerKey(shard), untilMs, limit);
-    // Read after the command: a MOVED or a reconnection on the way has updated the view.
-    const now = this.serverOf(shard);
-    if (flat === null) return null;
-    const seen = this.builtOn.get(shard);
-    if (seen === undefined) this.builtOn.set(shard, now);
-    else if (seen !== now) return null;
+    if (flat === null || !this.builtHere(shard, true)) return null;
     const out: Array<{ id: number; dueMs: number }> = [];
     for (let i = 0; i < flat.length; i += 2) out.push({ id: Number(flat[i]), dueMs: Number(flat[i + 1]) });
     return out;
@@ -107,11 +102,19 @@ export class DueIndex {
    * process last built or checked the index (a failover), so the caller rebuilds it.
    */
   async isBuilt(shard: number): Promise<boolean> {
-    const exists = (await this.redis.exists(this.markerKey(shard))) === 1;
-    // Read after the command: a MOVED or a reconnection on the way has updated the view.
+    return this.builtHere(shard, (await this.redis.exists(this.markerKey(shard))) === 1);
+  }
+
+  /**
+   * Whether the index counts as built, given whether a command just found its marker: only if it
+   * did and the shard's server is the one this process last built or checked it on (the first
+   * check records it). Called right after the command: a MOVED or a reconnection on the way has
+   * updated the view of the server.
+   */
+  private builtHere(shard: number, markerFound: boolean): boolean {
+    if (!markerFound) return false;
     const now = this.serverOf(shard);
     const seen = this.builtOn.get(shard);
-    if (!exists) return false;
     if (seen === undefined) { this.builtOn.set(shard, now); return true; }
     return seen === now;
   }

@@ -2,6 +2,7 @@ import type pg from "pg";
 import { storedRecord } from "./recordCodec.ts";
 import { UPDATE_DEFINITIONS, definitionUpdatesJson } from "./definitionUpdate.ts";
 import { LEDGER_UPSERT, ledgerJson } from "./ledgerStore.ts";
+import { FENCE_CTE, okShard } from "./fence.ts";
 import type { DispatchRecord, ShardWrite } from "./types.ts";
 
 /**
@@ -66,15 +67,6 @@ export class FencedWriter {
 }
 
 
-/**
- * The fence as a filter: `ok` = shards of this batch whose epoch is the current one. Statements
- * filter their rows with `shard = any(array(select shard from ok))`, computed once (an InitPlan),
- * not `shard in (select shard from ok)`: the planner turned that into a join whose outer side was
- * `ok` (estimated one row) and scanned the batch's rows once per shard, a batch of 934 rows over
- * 12 shards being read 12 times (auto_explain: 54 of the statement's 89 ms), and more often the
- * more shards a batch carried.
- */
-const FENCE_CTE = "with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch)";
 
 // Rows travel as one JSON array per statement (json_to_recordset): one native JSON.stringify
 // instead of twenty escaped array parameters, and jsonb columns arrive as JSON values. Each row
@@ -88,7 +80,7 @@ const INSERT_RUNS = `${FENCE_CTE}
   from json_to_recordset($1::json) as u(id text, task_id bigint, task_name text, trigger_id bigint, source text, due_ms bigint, slot_ms bigint,
     due_reason text, fired_ms bigint, node text, shard int, epoch bigint, attempt int, executor text, state text, error text, caused_by text,
     upstream_runs jsonb, finished_ms bigint, created_ms bigint, dispatch_id text)
-  where u.shard = any(array(select shard from ok))
+  where ${okShard("u.shard")}
   on conflict (id) do nothing`;
 
 function runInsertsJson(writes: ShardWrite[]): string | null {
@@ -120,7 +112,7 @@ const UPDATE_RUNS = `${FENCE_CTE}
     late_outcome = case when r.state in ('success', 'failed') then r.late_outcome else coalesce(u.late, r.late_outcome) end,
     result = coalesce(u.result, r.result)
   from json_to_recordset($1::json) as u(id text, shard int, state text, started_ms bigint, finished_ms bigint, instance text, error text, late text, result jsonb)
-  where r.id = u.id and r.shard = u.shard and u.shard = any(array(select shard from ok))`;
+  where r.id = u.id and r.shard = u.shard and ${okShard("u.shard")}`;
 
 interface RunUpdateRow { id: string; shard: number; state: string | null; started_ms: number | null; finished_ms: number | null; instance: string | null; error: string | null; late: string | null; result?: unknown }
 
@@ -153,7 +145,7 @@ const UPDATE_TASKS = `${FENCE_CTE}
     next_trigger_id = u.trig, next_source = u.source, next_reason = u.reason, next_caused_by = u.caused, updated_ms = $4
   from json_to_recordset($1::json) as u(id bigint, shard int, state text, record jsonb, slots jsonb, due bigint, slot bigint, trig bigint,
     source text, reason text, caused text)
-  where t.id = u.id and u.shard = any(array(select shard from ok))`;
+  where t.id = u.id and ${okShard("u.shard")}`;
 
 function taskUpdatesJson(writes: ShardWrite[]): string | null {
   // The last decision of a batch wins: the machine already folded the history.

@@ -1,4 +1,5 @@
 import type { Pool } from "pg";
+import { FENCE_CTE, okShard } from "./fence.ts";
 
 /**
  * The ledger of non-runs in PostgreSQL (migration 13): one row per interval of consecutive
@@ -82,10 +83,10 @@ create trigger shards_prev_owner before update on shards for each row execute fu
  * is current). A row whose `after_ms` is the end of a stored row of the same task, trigger, reason
  * and cause extends that row (to, count) instead of adding one.
  */
-export const LEDGER_UPSERT = `with ok as (select s.shard from shards s join unnest($2::int[], $3::bigint[]) f(shard, epoch) on s.shard = f.shard and s.epoch = f.epoch),
+export const LEDGER_UPSERT = `${FENCE_CTE},
   u as (select * from json_to_recordset($1::json) as u(ord int, task_id bigint, task_name text, trigger_id bigint, after_ms bigint, from_ms bigint,
     to_ms bigint, count bigint, at_least boolean, reason text, merge_key text, details jsonb, node text, shard int, epoch bigint, created_ms bigint)
-    where u.shard = any(array(select shard from ok))),
+    where ${okShard("u.shard")}),
   ext as (update ledger l set to_ms = u.to_ms, count = l.count + u.count, count_at_least = l.count_at_least or u.at_least, updated_ms = u.created_ms
     from u where u.after_ms is not null and l.task_id = u.task_id and l.trigger_id = u.trigger_id and l.to_ms = u.after_ms
       and l.reason = u.reason and l.merge_key = u.merge_key
