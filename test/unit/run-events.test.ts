@@ -5,7 +5,7 @@ import type { RunEvent } from "../../protocol/index.ts";
 /**
  * The shard's handling of an executor's event, as a table: every event type against a run in
  * flight or not, an end already applied or not, and a token that matches or not. The actor only
- * carries out what decideEvent says (actors/shard/shardActor.ts, onEvents).
+ * carries out what decideEvent says (actors/shard/decide.ts, onEvents).
  */
 const runId = "r1";
 const ev = (type: RunEvent["type"], extra: Partial<RunEvent> = {}): RunEvent => ({ type, runId, taskId: 7, at: 1000, ...extra });
