@@ -1,22 +1,22 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
-import { AxError, atWallTime, type Clock, type Logger, type Names } from "../../common/index.ts";
+import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  EventCatchUp, connectionUptime, encode, jetStreamProgress, runToken, nakLater, nodeEventsConsumer, shardEventsConsumer,
-  type DeadLetters, type DispatchRun, type RunEvent,
+  EventCatchUp, connectionUptime, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 import { Horizon } from "./horizon.ts";
 import { ShardConsumers } from "./consumers.ts";
-import type { DueIndex, RunRow, Store, TaskUpdate } from "../store/index.ts";
+import type { DueIndex, Store } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable, EventSink } from "../events/index.ts";
-import { publishDispatch, replayParts, type Persister, type ShardDispatchRun, type Submitted } from "../persister.ts";
+import type { Persister, Submitted } from "../persister.ts";
 import { CalendarCache } from "./calendars.ts";
 import { LedgerStore, loadCalendars } from "../store/index.ts";
 import * as ledger from "./ledger.ts";
+import { ShardEffects, taskUpdatesOf } from "./effects.ts";
 import { ShardDecisions, NONE_RECORDED, backfillRunId, dependencyRunId } from "./decide.ts";
-import { liveTask, unchanged, written, type CommandReply, type Mail, type Round, type ShardCommand, type ShardEvents } from "./types.ts";
+import { liveTask, type CommandReply, type Mail, type Round, type ShardCommand, type ShardEvents } from "./types.ts";
 
 export type { CommandReply, ShardCommand, ShardEvents } from "./types.ts";
 
@@ -65,8 +65,6 @@ export interface ShardActorDeps {
 }
 
 
-/** A dispatch that lands this much after its release gives its runs their timeout from then (noteLatePublish). */
-const LATE_PUBLISH_MS = 250;
 /** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
 const MAX_ROUNDS_WRITING = 2;
 
@@ -75,8 +73,6 @@ function once(a: Ackable): Ackable {
   let done = false;
   return { ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } } };
 }
-/** Inside JetStream's 2-minute duplicate window, with a margin. */
-const REPUBLISH_WINDOW_MS = 100_000;
 
 /**
  * One owned shard: its wheel, its tasks' state machines, its dispatch. An actor: state is
@@ -119,8 +115,8 @@ export class ShardActor implements EventSink {
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
   /** The last written round's publishes and due-index updates (see commit()). */
   private effects: Promise<void> = Promise.resolve();
-  /** Dispatches written and not yet released (they wait for their due time); a planned stop waits for them. */
-  private readonly releases = new Set<Promise<void>>();
+  /** What written rounds do outside PostgreSQL (effects.ts). */
+  private readonly out: ShardEffects;
   private readonly consumers: ShardConsumers;
   /** Timeouts wait until the events published before them are read (see EventCatchUp). */
   private readonly catchUp: EventCatchUp;
@@ -168,6 +164,11 @@ export class ShardActor implements EventSink {
       tell: (m) => this.tell(m), active: () => this.state === "active",
     });
     this.stats = this.decisions.stats;
+    this.out = new ShardEffects({
+      shard, epoch, nodeId: deps.nodeId, js: deps.js, names: deps.names, due: deps.due, store: deps.store, clock: deps.clock, log: this.log,
+      dispatchSecret: deps.dispatchSecret, horizon: this.horizon, view: this.decisions, releasable: () => this.releasable,
+      mayPublish: () => this.state !== "stopped" && deps.leaseValid(),
+    });
   }
 
   get status() { return this.state; }
@@ -190,7 +191,7 @@ export class ShardActor implements EventSink {
     const owners = await this.d.store.fetchTasks(this.shard, [...new Set(running.map((r) => r.taskId))]);
     for (const row of owners) this.decisions.live.set(row.id, liveTask(row));
     for (const r of running) this.decisions.adoptRunning(r, now);
-    const republished = await this.republishUnstarted(running, now);
+    const republished = await this.out.republishUnstarted(running, now);
     if (republished) this.log.warn({ runs: republished }, "re-published runs the previous owner recorded but no executor started");
     this.state = "active";
     this.horizon.start();
@@ -321,19 +322,8 @@ export class ShardActor implements EventSink {
    * stale, the shard stops and is loaded afresh from PostgreSQL.
    */
   private submitRound(round: Round, batch: Mail[]): void {
-    for (const id of round.touched) {
-      this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
-      const lt = this.decisions.live.get(id);
-      if (!lt) continue;
-      const r = lt.row;
-      if (unchanged(lt.written, r)) continue;
-      lt.written = written(r);
-      const u: TaskUpdate = {
-        id, state: r.state, record: r.record, triggerSlots: r.triggerSlots, nextDueMs: r.nextDueMs, nextSlotMs: r.nextSlotMs,
-        nextTriggerId: r.nextTriggerId, nextSource: r.nextSource, nextReason: r.nextReason, nextCausedBy: r.nextCausedBy,
-      };
-      round.write.taskUpdates.push(u);
-    }
+    for (const id of round.touched) this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
+    round.write.taskUpdates.push(...taskUpdatesOf(round.touched, this.decisions.live));
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
     const submitted = this.d.persister.submit(round.write, round.dispatch);
@@ -382,7 +372,7 @@ export class ShardActor implements EventSink {
     // Effects are pipelined one deep: this round's publishes and due-index updates go out once the
     // previous round's are done (Redis sees one shard's adds and removes in round order).
     const previous = this.effects;
-    this.effects = previous.then(() => this.applyEffects(round, result.published))
+    this.effects = previous.then(() => this.out.apply(round, result.published))
       .catch((e) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "applying a written round's effects failed; its runs time out and retry"));
     await previous;
   }
@@ -401,116 +391,6 @@ export class ShardActor implements EventSink {
     }
   }
 
-  /**
-   * A written round's effects. Its dispatches are published by the node's round, some at once and
-   * some at their due time: the next round does not wait for those (only Redis needs round order),
-   * the replies do.
-   */
-  private async applyEffects(round: Round, published: Promise<void>): Promise<void> {
-    this.releases.add(published);
-    void published.finally(() => this.releases.delete(published));
-    const jobs: Array<Promise<unknown>> = [];
-    if (round.outcomes.length) {
-      jobs.push(this.d.js.publish(this.d.names.outcomeSubject(this.shard), encode({ v: 1, outcomes: round.outcomes }), { msgID: `o:${round.outcomes[0]!.taskId}:${round.outcomes[0]!.runId}:${round.outcomes[0]!.outcome}` })
-        .catch((e) => this.log.error({ err: String(e) }, "outcome publish failed")));
-    }
-    const removeSet = new Set(round.redisRemove);
-    for (const a of round.redisAdd) removeSet.delete(a.id);
-    if (removeSet.size) jobs.push(this.d.due.remove(this.shard, [...removeSet]).catch(() => undefined));
-    if (round.redisAdd.length) jobs.push(this.d.due.add(this.shard, round.redisAdd).catch((e) => this.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
-    await Promise.all(jobs);
-    if (round.dispatch.size) void published.then(() => this.noteLatePublish(round));
-    if (round.replies.length) void published.then(() => { for (const r of round.replies) r(); });
-  }
-
-  /**
-   * A run's timeout is armed at its release, on the assumption that its dispatch is visible
-   * within moments. While the publish is retried the timeout is held (isPublishing); once it
-   * lands late, the run is given its whole timeout from then, as the executor gives its handler:
-   * otherwise a run whose dispatch waited out a 4 s election would have 1 s of a 5 s timeout left,
-   * and a completion still on its way would find the run timed out (and retried beside it).
-   */
-  private noteLatePublish(round: Round): void {
-    const at = this.d.clock.now();
-    for (const list of round.dispatch.values()) {
-      for (const r of list) {
-        if (at - r.firedAt < LATE_PUBLISH_MS) continue;
-        const run = this.decisions.inFlight.get(r.runId);
-        if (run) run.visibleMs = at;
-      }
-    }
-  }
-
-  /**
-   * Runs recorded `running` that no executor reported starting may never have been published
-   * (the previous owner died between its write and its publish, or its publish kept failing
-   * until its lease ran out: a NATS cluster electing a new meta and stream leader answers
-   * nothing for 4-9 s). Their recorded messages are published again, complete (runs of every
-   * shard they carried) and under their recorded ids: when the first publish did land,
-   * JetStream's duplicate window (2 min) drops the copy, so no run is delivered twice. Older ones
-   * are left to time out and follow their retry policy.
-   *
-   * A run whose timeout passed while nobody could publish it is published too, with its deadline
-   * counted from now: it never reached an executor, so timing it out would fail (and, without
-   * retries, lose) a run that never had its chance. Its timeout on this shard is reset to match.
-   * Messages written before node-level dispatch (one shard each, no record) go out as v1.
-   */
-  private async republishUnstarted(running: RunRow[], now: number): Promise<number> {
-    const ids = new Set<string>();
-    const legacy = new Map<string, { executor: string; runs: DispatchRun[] }>();
-    for (const r of running) {
-      const row = this.decisions.live.get(r.taskId)?.row;
-      if (!row || r.startedMs !== null || !r.dispatchId || r.firedMs === null) continue;
-      if (now - r.firedMs > REPUBLISH_WINDOW_MS) continue;
-      ids.add(r.dispatchId);
-    }
-    if (!ids.size) return 0;
-    const recorded = await this.d.store.dispatchReplay([...ids]);
-    let n = 0;
-    const jobs: Array<Promise<unknown>> = [];
-    for (const m of recorded) {
-      ids.delete(m.id);
-      if (!m.runs.length) continue;
-      n += m.runs.length;
-      const runs: ShardDispatchRun[] = m.runs.map((r) => ({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source,
-        payload: r.payload, scheduledAt: r.dueMs, firedAt: r.firedMs ?? now, timeoutMs: r.timeoutMs, shard: r.shard, token: runToken(this.d.dispatchSecret, r.id),
-        // From when it goes out (see above); a copy of a publish that did land is dropped anyway.
-        deadline: Math.max(r.firedMs ?? now, now) + r.timeoutMs, ...(this.decisions.live.get(r.taskId) ? { gen: this.decisions.live.get(r.taskId)!.row.generation } : {}) }));
-      for (const r of runs) {
-        const own = r.shard === this.shard ? this.decisions.inFlight.get(r.runId) : undefined;
-        if (own && r.deadline! > r.firedAt + r.timeoutMs) {
-          if (own.ref) this.horizon.cancel(own.ref);
-          own.ref = this.horizon.addTimeout(r.deadline!, r.runId);
-        }
-      }
-      // Recorded ahead of their due time by the previous owner: published at it, never before.
-      // Tried again while this actor holds the shard, as a first publish is (a NATS leader election
-      // can outlast the few seconds a plain retry allows; the runs' timeouts start only after this).
-      const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, part.id, part.runs,
-        { keepTrying: () => this.state !== "stopped" && this.d.leaseValid() })
-        .catch((e) => this.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
-      const releaseAt = Math.max(...runs.map((r) => r.firedAt));
-      if (releaseAt <= now) jobs.push(send());
-      else atWallTime(this.d.clock, releaseAt, () => { if (this.state === "active" || this.state === "stopping") void send(); });
-    }
-    for (const r of running) {
-      const row = this.decisions.live.get(r.taskId)?.row;
-      if (!row || !r.dispatchId || !ids.has(r.dispatchId) || r.startedMs !== null || r.firedMs === null) continue;
-      let g = legacy.get(r.dispatchId);
-      if (!g) { g = { executor: r.executor, runs: [] }; legacy.set(r.dispatchId, g); }
-      g.runs.push({ runId: r.id, taskId: r.taskId, taskName: r.taskName, attempt: r.attempt, source: r.source, payload: row.payload,
-        scheduledAt: r.dueMs, firedAt: r.firedMs, timeoutMs: row.timeoutMs, token: runToken(this.d.dispatchSecret, r.id) });
-    }
-    for (const [id, g] of legacy) {
-      n += g.runs.length;
-      const data = encode({ v: 1, shard: this.shard, epoch: this.epoch, node: this.d.nodeId, runs: g.runs });
-      jobs.push(this.d.js.publish(this.d.names.dispatchSubject(g.executor), data, { msgID: id })
-        .catch((e) => this.log.error({ err: String(e), msgID: id }, "re-publishing a dispatch failed; its runs time out and retry")));
-    }
-    await Promise.all(jobs);
-    return n;
-  }
-
   // ---- stopping -----------------------------------------------------------------------------
 
   /** Planned hand-over: stop firing, finish the current round, give due times back to Redis. */
@@ -524,7 +404,7 @@ export class ShardActor implements EventSink {
     await this.horizon.settled();
     await this.quiet();
     await this.effects;
-    await Promise.all([...this.releases]);
+    await this.out.released();
     const back = this.horizon.dueTimes();
     for (const [id, dueMs] of this.decisions.waitingForCapacity) back.push({ id, dueMs });
     this.decisions.dropInFlight();
