@@ -1,0 +1,219 @@
+import { describe, expect, it } from "vitest";
+import { SimulatedClock, silentLogger } from "../../common/index.ts";
+import { runToken } from "../../protocol/index.ts";
+import { initialRecord, type TaskRecord } from "../../actors/machine/index.ts";
+import { InFlightLimiter } from "../../actors/limiter.ts";
+import { Horizon, type WheelItem } from "../../actors/shard/horizon.ts";
+import { ShardDecisions, NONE_RECORDED } from "../../actors/shard/decide.ts";
+import { liveTask, type Mail, type Round } from "../../actors/shard/types.ts";
+import type { RunInsert, TaskRow } from "../../actors/store/index.ts";
+
+/**
+ * The shard's decisions driven through long random histories, with a fixed seed per history:
+ * slots coming due on the real wheel, completions, failures, silences (timeouts), pauses,
+ * resumes, manual runs, cancellations and a small in-flight bound. The test plays PostgreSQL
+ * (it applies each round's write), Redis (the due index the rounds add to, refilled into the
+ * wheel) and the node's round (a run written ahead is released at its due time; until then a
+ * pause can withdraw it). After every round it checks what must hold whatever happened:
+ *
+ * - every place at the executor is held by a run in flight or a reservation, no more, no fewer;
+ * - a run is inserted once and ends once; one is withdrawn only while its release is still held;
+ * - a scheduled slot of a task runs at most once (a slot given back by a withdrawal may run again);
+ * - nothing is released before its due time;
+ * - a task paused before a round gets no scheduled run from it;
+ * - the runs PostgreSQL holds as running are exactly the runs in flight here, and each task's
+ *   machine names only runs in flight.
+ *
+ * At the end every run in flight is completed and everything must be final.
+ */
+
+const T0 = Date.UTC(2026, 0, 1);
+const SECRET = new Uint8Array(32).fill(3);
+const FINAL = new Set(["success", "failed", "timed_out", "refused", "stale", "skipped"]);
+
+function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number } {
+  const rnd = mulberry32(seed);
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
+  const clock = new SimulatedClock(T0);
+  const limit = 1 + Math.floor(rnd() * 3);
+  const limiter = new InFlightLimiter(limit);
+  const came: Array<{ dueMs: number; item: WheelItem }> = [];
+  const horizon = new Horizon({
+    shard: 0, tickMs: 20, wheelSize: 256, clock, log: silentLogger, horizonMs: 4000, leadMs: 100,
+    due: { rebuild: async () => undefined, takeDue: async () => [] }, store: { dueOfShard: async () => [] },
+    onDue: (items) => { came.push(...items); }, onRefilled: () => undefined, active: () => true,
+  });
+  const told: Mail[] = [];
+  const catchUps: Array<() => void> = [];
+  /** Runs written ahead, not released yet: run id → release time (the node's round holds them). */
+  const held = new Map<string, number>();
+  /** Runs the node's round gave back before their release (a withdrawal it agreed to). */
+  const givenBack = new Set<string>();
+  const d = new ShardDecisions({
+    shard: 0, epoch: 1, nodeId: "n", clock, log: silentLogger, tickMs: 20, limiter, horizon,
+    calendars: { exclusion: () => null },
+    persister: { withdraw: (id) => { const ok = held.delete(id); if (ok) givenBack.add(id); return ok; }, isPublishing: () => false },
+    catchUp: { covers: () => rnd() < 0.7, request: (then) => { catchUps.push(() => then()); } },
+    dispatchSecret: SECRET, random: rnd, tell: (m) => told.push(m), active: () => true,
+  });
+  d.acquired(T0 - 60_000, { owner: null, epoch: null, sinceMs: null });
+
+  // The tasks, as PostgreSQL holds them, and the due index.
+  const n = 2 + Math.floor(rnd() * 4);
+  const index = new Map<number, number>();
+  for (let id = 1; id <= n; id++) {
+    const every = pick([300, 700, 1000, 2500]);
+    const maxAttempts = 1 + Math.floor(rnd() * 3);
+    const overlap = rnd() < 0.7 ? "forbid" as const : "allow" as const;
+    const first = T0 + Math.floor(rnd() * every);
+    const row: TaskRow = {
+      id, name: `t${id}`, shard: 0, executor: "e", payload: null, timeoutMs: pick([400, 1500, 5000]), maxAttempts, backoffMs: 100, backoffMaxMs: 400,
+      misfire: pick(["once", "skip", "all"] as const), overlap, state: "pending", record: initialRecord({ maxAttempts, overlap }), upstreams: [],
+      nextDueMs: first, nextSlotMs: first, nextSource: "rate", nextReason: "fixed rate", triggerSlots: {}, nextTriggerId: 10 + id, nextCausedBy: null,
+      createdMs: T0 - 1, updatedMs: T0 - 1, triggers: [{ id: 10 + id, kind: "fixed_rate", spec: { kind: "fixed_rate", everyMs: every, anchorMs: first }, enabled: true }],
+      hasDownstreams: false, generation: 0, applySet: null,
+    };
+    d.live.set(id, liveTask(row));
+    index.set(id, first);
+  }
+  horizon.start();
+
+  // PostgreSQL's runs, and what was seen of them.
+  const runs = new Map<string, RunInsert & { ended?: string }>();
+  const slotRuns = new Map<string, string[]>(); // "task:slot" → scheduled runs that hold the slot
+  const msg = { ack: () => undefined, nak: () => undefined };
+  let rounds = 0; let withdrawn = 0;
+
+  const check = (round: Round, pausedBefore: ReadonlySet<number>, now: number) => {
+    for (const r of round.write.runInserts) {
+      expect(runs.has(r.id), `run ${r.id} inserted twice`).toBe(false);
+      runs.set(r.id, { ...r });
+      if (r.state === "running" && (r.source === "rate" || r.source === "misfire") && r.slotMs !== null) {
+        const k = `${r.taskId}:${r.slotMs}`;
+        const live = (slotRuns.get(k) ?? []).filter((id) => runs.get(id)!.ended !== "refused");
+        expect(live, `slot ${k} ran twice (seed ${seed})`).toEqual([]);
+        slotRuns.set(k, [...(slotRuns.get(k) ?? []), r.id]);
+        expect(pausedBefore.has(r.taskId), `paused task ${r.taskId} got a scheduled run`).toBe(false);
+      }
+      if (r.state === "running") {
+        expect(r.firedMs!, "released before its due time").toBeGreaterThanOrEqual(r.dueMs);
+        expect(r.firedMs!).toBeGreaterThanOrEqual(now);
+        if (r.firedMs! > now) held.set(r.id, r.firedMs!);
+      } else {
+        expect(FINAL.has(r.state), `inserted as ${r.state}`).toBe(true);
+      }
+    }
+    for (const u of round.write.runUpdates) {
+      const r = runs.get(u.id);
+      expect(r, `update of a run never inserted: ${u.id}`).toBeDefined();
+      if (u.state) {
+        expect(r!.ended, `run ${u.id} ended twice (${r!.ended}, then ${u.state})`).toBeUndefined();
+        expect(r!.state).toBe("running");
+        r!.ended = u.state;
+        if (u.state === "refused") {
+          // Only a run its node's round still held (not released) can be withdrawn.
+          expect(givenBack.has(u.id), `run ${u.id} withdrawn after its release`).toBe(true);
+          withdrawn++;
+        }
+      }
+    }
+    for (const list of round.dispatch.values()) {
+      for (const x of list) expect(x.firedAt, "dispatched before its due time").toBeGreaterThanOrEqual(x.scheduledAt);
+    }
+    expect(limiter.inFlight("e"), "places at the executor").toBe(d.inFlight.size + d.reserved.size);
+    const runningInPg = [...runs.values()].filter((r) => r.state === "running" && !r.ended).map((r) => r.id).sort();
+    expect(runningInPg).toEqual([...d.inFlight.keys()].sort());
+    for (const lt of d.live.values()) for (const id of (lt.row.record as TaskRecord).context.inFlight) expect(d.inFlight.has(id)).toBe(true);
+    for (const a of round.redisAdd) index.set(a.id, a.dueMs);
+    for (const id of round.redisRemove) if (!round.redisAdd.some((a) => a.id === id)) index.delete(id);
+  };
+
+  const decide = (mail: Mail[]) => {
+    const now = clock.now();
+    const pausedBefore = new Set([...d.live.values()].filter((lt) => lt.row.state === "paused").map((lt) => lt.row.id));
+    // A resume in this round may fire at once.
+    for (const m of mail) if (m.t === "cmd" && m.cmd.type === "resume") pausedBefore.delete(m.cmd.taskId);
+    const round = d.decide(mail, { now, canFire: true, recorded: NONE_RECORDED });
+    rounds++;
+    for (const r of round.replies) r();
+    check(round, pausedBefore, now);
+  };
+
+  for (let step = 0; step < 400; step++) {
+    clock.advance(10 + Math.floor(rnd() * 150));
+    const now = clock.now();
+    for (const [id, at] of held) if (at <= now) held.delete(id); // released by the node's round
+    const mail: Mail[] = [];
+    // The refill: index entries within the horizon go to the wheel.
+    const refill = [...index].filter(([, due]) => due <= now + 4000).map(([id, dueMs]) => ({ id, dueMs }));
+    if (refill.length) { for (const r of refill) index.delete(r.id); mail.push({ t: "refilled", items: refill }); }
+    if (came.length) mail.push({ t: "due", items: came.splice(0), lateMs: 0 });
+    mail.push(...told.splice(0));
+    if (catchUps.length && rnd() < 0.5) for (const c of catchUps.splice(0)) c();
+    // The executor: some runs in flight start, finish, fail or are never heard of (they time out).
+    const released = [...d.inFlight.values()].filter((r) => !held.has(r.runId));
+    const events = [];
+    for (const r of released) {
+      const x = rnd();
+      const ev = { runId: r.runId, taskId: r.taskId, at: now, token: runToken(SECRET, r.runId) };
+      if (x < 0.25) events.push({ ...ev, type: "completed" as const });
+      else if (x < 0.35) events.push({ ...ev, type: "failed" as const, error: { message: "boom" } });
+      else if (x < 0.4) events.push({ ...ev, type: "started" as const });
+      else if (x < 0.42) events.push({ ...ev, type: "completed" as const, token: "forged-token-000000000" });
+    }
+    if (events.length) mail.push({ t: "events", events, instance: "x", msg });
+    // An operator, now and then.
+    if (rnd() < 0.06) {
+      const taskId = 1 + Math.floor(rnd() * n);
+      const type = pick(["pause", "resume", "run", "pause", "resume"] as const);
+      const reply = () => undefined;
+      mail.push(type === "run" ? { t: "cmd", cmd: { type, taskId, force: rnd() < 0.3 }, reply } : { t: "cmd", cmd: { type, taskId }, reply });
+    }
+    if (mail.length) decide(mail);
+  }
+
+  // Quiet: everyone resumed, every run answered, time enough for everything to end.
+  decide([...Array.from({ length: n }, (_, i): Mail => ({ t: "cmd", cmd: { type: "cancel", taskId: i + 1 }, reply: () => undefined }))]);
+  for (let i = 0; i < 40 && (d.inFlight.size || came.length || told.length); i++) {
+    clock.advance(500);
+    for (const [id, at] of held) if (at <= clock.now()) held.delete(id);
+    const mail: Mail[] = [];
+    if (came.length) mail.push({ t: "due", items: came.splice(0), lateMs: 0 });
+    mail.push(...told.splice(0));
+    for (const c of catchUps.splice(0)) c();
+    const events = [...d.inFlight.values()].filter((r) => !held.has(r.runId))
+      .map((r) => ({ type: "completed" as const, runId: r.runId, taskId: r.taskId, at: clock.now(), token: runToken(SECRET, r.runId) }));
+    if (events.length) mail.push({ t: "events", events, instance: "x", msg });
+    if (mail.length) decide(mail);
+  }
+  expect(d.inFlight.size).toBe(0);
+  expect(limiter.inFlight("e")).toBe(0);
+  for (const r of runs.values()) expect(r.state !== "running" || r.ended !== undefined, `run ${r.id} never ended`).toBe(true);
+  return { rounds, runs: runs.size, withdrawn, timedOut: d.stats.timedOut, waited: d.stats.waited };
+}
+
+describe("shard decisions: random histories (fixed seeds)", () => {
+  it("keep their invariants over 60 histories of 400 steps", () => {
+    const totals = { rounds: 0, runs: 0, withdrawn: 0, timedOut: 0, waited: 0 };
+    for (let seed = 1; seed <= 60; seed++) {
+      const h = history(seed);
+      for (const k of Object.keys(totals) as Array<keyof typeof totals>) totals[k] += h[k];
+    }
+    // The histories reach what they are meant to: waits for a place, timeouts, withdrawals.
+    expect(totals.runs).toBeGreaterThan(3000);
+    expect(totals.waited).toBeGreaterThan(50);
+    expect(totals.timedOut).toBeGreaterThan(50);
+    expect(totals.withdrawn).toBeGreaterThan(5);
+  });
+});
