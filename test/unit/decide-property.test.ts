@@ -7,6 +7,7 @@ import { Horizon, type WheelItem } from "../../actors/shard/horizon.ts";
 import { ShardDecisions, NONE_RECORDED } from "../../actors/shard/decide.ts";
 import { liveTask, type Mail, type Round } from "../../actors/shard/types.ts";
 import type { RunInsert, TaskRow } from "../../actors/store/index.ts";
+import { rng as mulberry32 } from "./cron-reference.ts";
 
 /**
  * The shard's decisions driven through long random histories, with a fixed seed per history:
@@ -30,17 +31,6 @@ import type { RunInsert, TaskRow } from "../../actors/store/index.ts";
 const T0 = Date.UTC(2026, 0, 1);
 const SECRET = new Uint8Array(32).fill(3);
 const FINAL = new Set(["success", "failed", "timed_out", "refused", "stale", "skipped"]);
-
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number } {
   const rnd = mulberry32(seed);
