@@ -64,7 +64,6 @@ export interface ShardActorDeps {
   random?: () => number;
 }
 
-
 /** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
 const MAX_ROUNDS_WRITING = 2;
 
@@ -77,8 +76,9 @@ function once(a: Ackable): Ackable {
 /**
  * One owned shard: its wheel, its tasks' state machines, its dispatch. An actor: state is
  * private and everything arrives as mail, handled in rounds. A round takes all mail queued,
- * decides with the pure machine and scheduler, writes every change in one fenced batch, and
- * only then applies effects (publish dispatches, ack events, update the due index, reply).
+ * loads the rows it needs, is decided without waiting on anything (decide.ts), writes every
+ * change in one fenced batch, and only then applies its effects (effects.ts: publish
+ * dispatches, update the due index, reply; the events are acked here).
  * A crash between write and effect leaves runs `running` in PostgreSQL; the next owner times
  * them out and retries: nothing is lost, and nothing is fired twice for one slot.
  *
@@ -113,7 +113,7 @@ export class ShardActor implements EventSink {
   /** Tasks seen by a round: evicted at the start of a later one when idle (see evictIdle). */
   private readonly evictable = new Set<number>();
   private state: "created" | "loading" | "active" | "stopping" | "stopped" = "created";
-  /** The last written round's publishes and due-index updates (see commit()). */
+  /** The last written round's publishes and due-index updates (see finishRound). */
   private effects: Promise<void> = Promise.resolve();
   /** What written rounds do outside PostgreSQL (effects.ts). */
   private readonly out: ShardEffects;
