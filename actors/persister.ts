@@ -35,6 +35,11 @@ export interface PersisterDeps {
  */
 const RELEASE_STEP_MS = 2;
 
+/** A dispatch that lands this much after its runs' release time is "late": their timeouts count from the landing. */
+export const LATE_LANDING_MS = 250;
+/** How long a late landing is remembered (a timeout longer than this counts from the release). */
+const LANDED_KEPT_MS = 10 * 60_000;
+
 /** Longest a release waits for a lease that is held but not confirmed (NATS reconnecting). */
 const MAX_RELEASE_WAIT_MS = 10_000;
 
@@ -99,6 +104,8 @@ export class Persister {
   private readonly writingRuns = new Set<string>();
   /** Runs whose message is being published (tried again until it lands while their shards are held). */
   private readonly publishing = new Set<string>();
+  /** Runs whose dispatch landed late (see noteLanded), oldest first: run id → when it landed. */
+  private readonly landedLate = new Map<string, number>();
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
@@ -328,7 +335,7 @@ export class Persister {
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
       { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
-      () => this.d.onReleased?.(runs, at, m.executor),
+      () => { this.noteLanded(runs, this.d.clock.now()); this.d.onReleased?.(runs, at, m.executor); },
       (e) => {
         this.stats.publishFailures++;
         this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed and a shard of it is no longer held here; its runs time out (or are re-published by the next owner)");
@@ -337,6 +344,20 @@ export class Persister {
 
   /** The run's dispatch message is still being published (its timeout must not start yet). */
   isPublishing(runId: string): boolean { return this.publishing.has(runId); }
+
+  /**
+   * A dispatch carrying these runs landed at `atMs`. Runs it reached LATE_LANDING_MS or more
+   * after their release time (a publish retried through a NATS election, a message re-published
+   * by a shard's next owner) are remembered with the landing, per run and at once: a shard's
+   * timeout reads it (landedAt) rather than waiting for the rest of the round's messages.
+   */
+  noteLanded(runs: ReadonlyArray<{ runId: string; firedAt: number }>, atMs: number): void {
+    for (const r of runs) if (atMs - r.firedAt >= LATE_LANDING_MS) { this.landedLate.delete(r.runId); this.landedLate.set(r.runId, atMs); }
+    for (const [id, at] of this.landedLate) { if (at >= atMs - LANDED_KEPT_MS) break; this.landedLate.delete(id); }
+  }
+
+  /** When the run's dispatch landed, if it landed late (see noteLanded). */
+  landedAt(runId: string): number | undefined { return this.landedLate.get(runId); }
 
   private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {

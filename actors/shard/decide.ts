@@ -39,7 +39,7 @@ export interface DecisionPorts {
   horizon: Pick<Horizon, "cameDue" | "holdUntilDue" | "backToIndex" | "refilled" | "schedule" | "unschedule" | "takeOff" | "addTimeout" | "cancel">;
   calendars: Pick<CalendarCache, "exclusion">;
   /** Runs written ahead and not released yet can be withdrawn; a run being published is not visible yet. */
-  persister: Pick<Persister, "withdraw" | "isPublishing">;
+  persister: Pick<Persister, "withdraw" | "isPublishing" | "landedAt">;
   /** Has the shard read the events published before a moment (a timeout waits until it has)? */
   catchUp: Pick<EventCatchUp, "covers" | "request">;
   dispatchSecret: Uint8Array;
@@ -507,9 +507,12 @@ export class ShardDecisions {
       run.ref = this.p.horizon.addTimeout(now + run.timeoutMs, runId);
       return;
     }
-    if (run.visibleMs !== undefined && now < run.visibleMs + run.timeoutMs) {
-      // Its dispatch became visible late: the executor has had less than its timeout so far.
-      run.ref = this.p.horizon.addTimeout(run.visibleMs + run.timeoutMs, runId);
+    // Its dispatch became visible late: the executor has had less than its timeout so far. The
+    // node's round knows the landing of each message at once (landedAt), also of one a new owner
+    // re-published; the round's own note (visibleMs) comes only once all its messages are out.
+    const visibleMs = Math.max(run.visibleMs ?? -Infinity, this.p.persister.landedAt(runId) ?? -Infinity);
+    if (now < visibleMs + run.timeoutMs) {
+      run.ref = this.p.horizon.addTimeout(visibleMs + run.timeoutMs, runId);
       return;
     }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;

@@ -3,11 +3,9 @@ import { atWallTime, type Clock, type Logger, type Names } from "../../common/in
 import { encode, runToken, type DispatchRun } from "../../protocol/index.ts";
 import type { Horizon } from "./horizon.ts";
 import type { DueIndex, RunRow, Store, TaskUpdate } from "../store/index.ts";
-import { publishDispatch, replayParts, type ShardDispatchRun } from "../persister.ts";
+import { LATE_LANDING_MS, publishDispatch, replayParts, type ShardDispatchRun } from "../persister.ts";
 import { unchanged, written, type InFlightRun, type LiveTask, type Round } from "./types.ts";
 
-/** A dispatch that lands this much after its release gives its runs their timeout from then (noteLatePublish). */
-const LATE_PUBLISH_MS = 250;
 /** Inside JetStream's 2-minute duplicate window, with a margin. */
 const REPUBLISH_WINDOW_MS = 100_000;
 
@@ -49,6 +47,8 @@ export interface ShardEffectsOptions {
   releasable: () => boolean;
   /** A publish may keep being retried (the shard is not stopped and its lease is valid). */
   mayPublish: () => boolean;
+  /** A re-published message landed (the node's round remembers late landings: Persister.noteLanded). */
+  noteLanded: (runs: ReadonlyArray<{ runId: string; firedAt: number }>, atMs: number) => void;
 }
 
 /**
@@ -98,7 +98,7 @@ export class ShardEffects {
     const at = this.o.clock.now();
     for (const list of round.dispatch.values()) {
       for (const r of list) {
-        if (at - r.firedAt < LATE_PUBLISH_MS) continue;
+        if (at - r.firedAt < LATE_LANDING_MS) continue;
         const run = this.o.view.inFlight.get(r.runId);
         if (run) run.visibleMs = at;
       }
@@ -151,7 +151,7 @@ export class ShardEffects {
       // Tried again while this actor holds the shard, as a first publish is (a NATS leader election
       // can outlast the few seconds a plain retry allows; the runs' timeouts start only after this).
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.o.js, this.o.names, this.o.nodeId, m.executor, part.id, part.runs,
-        { keepTrying: () => this.o.mayPublish() })
+        { keepTrying: () => this.o.mayPublish() }).then(() => this.o.noteLanded(part.runs, this.o.clock.now()))
         .catch((e) => this.o.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
       const releaseAt = Math.max(...runs.map((r) => r.firedAt));
       if (releaseAt <= now) jobs.push(send());

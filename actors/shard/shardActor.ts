@@ -168,6 +168,7 @@ export class ShardActor implements EventSink {
       shard, epoch, nodeId: deps.nodeId, js: deps.js, names: deps.names, due: deps.due, store: deps.store, clock: deps.clock, log: this.log,
       dispatchSecret: deps.dispatchSecret, horizon: this.horizon, view: this.decisions, releasable: () => this.releasable,
       mayPublish: () => this.state !== "stopped" && deps.leaseValid(),
+      noteLanded: (runs, atMs) => deps.persister.noteLanded(runs, atMs),
     });
   }
 

@@ -53,7 +53,7 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   const d = new ShardDecisions({
     shard: 0, epoch: 1, nodeId: "n", clock, log: silentLogger, tickMs: 20, limiter, horizon,
     calendars: { exclusion: () => null },
-    persister: { withdraw: (id) => { const ok = held.delete(id); if (ok) givenBack.add(id); return ok; }, isPublishing: () => false },
+    persister: { withdraw: (id) => { const ok = held.delete(id); if (ok) givenBack.add(id); return ok; }, isPublishing: () => false, landedAt: () => undefined },
     catchUp: { covers: () => rnd() < 0.7, request: (then) => { catchUps.push(() => then()); } },
     dispatchSecret: SECRET, random: rnd, tell: (m) => told.push(m), active: () => true,
   });

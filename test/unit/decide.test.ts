@@ -53,12 +53,14 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number } 
   });
   const told: Mail[] = [];
   const withdrawable = new Set<string>();
+  /** Runs whose dispatch the node's round saw land late: when. */
+  const landed = new Map<string, number>();
   const catchUpRequests: Array<(unconfirmed?: string) => void> = [];
   const seen = { fired: [] as unknown[], finished: [] as Array<{ state: string; final: boolean }>, missed: [] as Array<{ reason: string }> };
   const d = new ShardDecisions({
     shard: 3, epoch: 7, nodeId: "n1", clock, log: silentLogger, tickMs: 20, limiter, horizon,
     calendars: { exclusion: () => null },
-    persister: { withdraw: (id) => withdrawable.delete(id), isPublishing: () => false },
+    persister: { withdraw: (id) => withdrawable.delete(id), isPublishing: () => false, landedAt: (id) => landed.get(id) },
     catchUp: { covers: () => opts.covered ?? true, request: (then) => { catchUpRequests.push(then); } },
     dispatchSecret: SECRET, random: () => 0,
     events: {
@@ -91,7 +93,7 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number } 
     expect(r.write.runInserts).toHaveLength(1);
     return r.write.runInserts[0]!.id;
   };
-  return { clock, limiter, horizon, told, withdrawable, catchUpRequests, seen, d, add, onWheel, due, event, cmd, decide, fireNow, acks, msg, replies };
+  return { clock, limiter, horizon, told, withdrawable, landed, catchUpRequests, seen, d, add, onWheel, due, event, cmd, decide, fireNow, acks, msg, replies };
 }
 
 type Setup = ReturnType<typeof setup>;
@@ -307,6 +309,20 @@ describe("shard decisions: events, timeouts", () => {
     s.clock.stepWall(50);
     const r = s.decide(mail(s, runId));
     check(s, r, row, runId);
+  });
+
+  it("a run whose dispatch landed late (an election, a re-publish) gets its whole timeout from the landing", () => {
+    const s = setup();
+    const row = s.add(task(1, T0));
+    const runId = s.fireNow(row);
+    s.landed.set(runId, T0 + 4900); // published at T0, landed 4.9 s later
+    s.clock.stepWall(5000);
+    const timeout = (): Mail => ({ t: "due", items: [{ dueMs: T0 + 5000, item: { k: 1, runId } }], lateMs: 0 });
+    const r = s.decide([timeout()]);
+    expect(r.write.runUpdates).toEqual([]);
+    expect(s.d.inFlight.has(runId)).toBe(true);
+    s.clock.stepWall(4900); // the whole timeout after the landing
+    expect(s.decide([timeout()]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
   });
 
   it("a run whose task is gone times out without it (the actor found no row)", () => {
