@@ -324,7 +324,8 @@ export class ShardActor implements EventSink {
    */
   private submitRound(round: Round, batch: Mail[]): void {
     for (const id of round.touched) this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
-    round.write.taskUpdates.push(...taskUpdatesOf(round.touched, this.decisions.live));
+    // (decisions write no task updates themselves: the round's are exactly the changed rows it touched)
+    round.write.taskUpdates = taskUpdatesOf(round.touched, this.decisions.live);
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
     const submitted = this.d.persister.submit(round.write, round.dispatch);
