@@ -241,7 +241,12 @@ export class CuttableProxy {
       up.on("error", () => undefined);
       up.on("close", close);
       up.connect(targetPort, "127.0.0.1");
-      client.on("data", (d) => { if (!self!.cutNow) up.write(d); });
+      client.on("data", (d) => {
+        if (self!.cutNow) return;
+        // cutPartway: this write is the one cut in the middle (the server gets its first bytes only).
+        if (self!.partway !== null) { up.write(d.subarray(0, Math.floor(d.length * self!.partway))); self!.partway = null; self!.cutNow = true; return; }
+        up.write(d);
+      });
       up.on("data", (d) => { if (!self!.cutNow) client.write(d); });
     });
     const port = await new Promise<number>((resolve, reject) => {
@@ -252,7 +257,11 @@ export class CuttableProxy {
     return self;
   }
 
+  private partway: number | null = null;
+
   cut(): void { this.cutNow = true; }
+  /** Cuts in the middle of the next thing a client sends: the server gets `fraction` of its bytes, then nothing. */
+  cutPartway(fraction: number): void { this.partway = fraction; }
   heal(): void {
     this.cutNow = false;
     for (const p of [...this.pairs]) { p.client.destroy(); p.upstream?.destroy(); }
@@ -389,13 +398,28 @@ export class FaultRig {
    * `sinceMs` (firing is back for all of them), measured at the executor.
    */
   recoveryMs(sinceMs: number, everyNames: string[]): number | null {
-    let worst = 0;
+    return this.slowestRecovery(sinceMs, everyNames)?.ms ?? null;
+  }
+
+  /** The task that fired again last after `sinceMs`, and how long it took (null: one has not yet). */
+  slowestRecovery(sinceMs: number, everyNames: string[]): { task: string; ms: number } | null {
+    let worst = { task: "", ms: 0 };
     for (const t of everyNames) {
       const first = this.completions.filter((c) => c.task === t && c.scheduledAt >= sinceMs).sort((a, b) => a.startedAt - b.startedAt)[0];
       if (!first) return null;
-      worst = Math.max(worst, first.startedAt - sinceMs);
+      if (first.startedAt - sinceMs >= worst.ms) worst = { task: t, ms: first.startedAt - sinceMs };
     }
     return worst;
+  }
+
+  /** A task's runs from 5 s before `sinceMs` on, times relative to it, and what the executor saw of them. */
+  async printRunsOf(task: string, sinceMs: number): Promise<void> {
+    const rows = await this.db(async (c) => (await c.query(
+      `select id, source, state, shard, epoch, node, slot_ms, fired_ms, started_ms, finished_ms from runs where task_name = $1 and coalesce(slot_ms, due_ms) >= $2 order by coalesce(slot_ms, due_ms), fired_ms`,
+      [task, sinceMs - 5000])).rows);
+    const rel = (v: unknown) => (v == null ? null : Number(v) - sinceMs);
+    const started = new Map(this.completions.filter((c) => c.task === task).map((c) => [c.runId, c.startedAt - sinceMs]));
+    process.stdout.write(`[fault] runs of ${task} (ms from the fault): ${JSON.stringify(rows.map((r) => ({ id: r.id, source: r.source, state: r.state, shard: r.shard, epoch: r.epoch, node: r.node, slot: rel(r.slot_ms), fired: rel(r.fired_ms), started: rel(r.started_ms), finished: rel(r.finished_ms), executorStarted: started.get(r.id) ?? null })))}\n`);
   }
 
   /** The checks every scenario makes; returns the figures for the report. */
@@ -480,6 +504,8 @@ export class FaultRig {
 export interface ScenarioReport {
   scenario: string;
   recoveryMs: number | null;
+  /** The every-second task that fired again last (its runs around the fault are printed when it took over 6 s). */
+  slowestTask: string | null;
   lost: number;
   doubledSlots: number;
   doubledRuns: number;
@@ -510,14 +536,16 @@ export async function runScenario(name: string, fault: (rig: FaultRig) => Promis
     await waitFor(done, 45_000, "every one-shot ran").catch(() => undefined); // counted as lost below
     await sleep(1500); // completions on their way are recorded before the runs table is read
     const verdict = await rig.verdict(oneShotNames);
+    const slowest = rig.slowestRecovery(backAt, everyNames);
     const report: ScenarioReport = {
-      scenario: name, recoveryMs: rig.recoveryMs(backAt, everyNames), lost: verdict.lost.length, doubledSlots: verdict.doubledSlots.length,
+      scenario: name, recoveryMs: slowest?.ms ?? null, slowestTask: slowest?.task ?? null, lost: verdict.lost.length, doubledSlots: verdict.doubledSlots.length,
       doubledRuns: verdict.doubledRuns.length, timedOutButDone: verdict.timedOutButDone.length, lateAfterTimeout: verdict.lateAfterTimeout.length, completions: rig.completions.length,
       nodeAlive: rig.nodeAlive(), warnings: rig.logSummary(),
       executor: { republished: rig.executor!.stats.republished, republishedLanded: rig.executor!.stats.republishedLanded, expired: rig.executor!.stats.expired, duplicates: rig.executor!.stats.duplicates },
     };
     // One line per scenario in the test output: the figures the issue asks for.
     process.stdout.write(`[fault] ${JSON.stringify(report)}\n`);
+    if (slowest && slowest.ms > 6000) await rig.printRunsOf(slowest.task, backAt);
     return { rig, report, verdict };
   } catch (e) {
     const last = new Map<string, number>();
