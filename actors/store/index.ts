@@ -1,4 +1,4 @@
-export { Store, type StoreOptions } from "./store.ts";
+export { IDLE_IN_TRANSACTION_MS, Store, type StoreOptions } from "./store.ts";
 export { findCycle } from "./graph.ts";
 export type { BrowseReads, TaskFilter } from "./browseReads.ts";
 export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";

@@ -28,6 +28,18 @@ export interface StoreOptions { pgUrl: string; schema: string; poolSize?: number
 const PARTITION_TIMEOUTS = { connectionTimeoutMillis: 10_000, query_timeout: 60_000, keepAlive: true, keepAliveInitialDelayMillis: 10_000 };
 
 /**
+ * The server's side of a partition: a node cut off (or frozen) inside a transaction leaves its
+ * backend waiting for the next statement while holding that transaction's row locks, and
+ * PostgreSQL notices the lost client only when TCP does (hours, by default). The shard's next
+ * owner then waited on those locks (the `shards` row its fence shares, task rows) until the
+ * partition healed. ax never waits inside a transaction for anything but PostgreSQL's answers,
+ * so a transaction idle this long has lost its client: PostgreSQL ends it and its locks go.
+ * Below the default lease TTL (6 s), so a frozen node's locks are gone before its shards move,
+ * and about when the PostgreSQL probe gives a cut-off node's shards up (two 2 s probes).
+ */
+export const IDLE_IN_TRANSACTION_MS = 5_000;
+
+/**
  * PostgreSQL access for one namespace: the connections, and one module per concern behind one
  * facade. PostgreSQL is the truth; every write a shard actor makes goes through `writeBatch`
  * (fencedWrite.ts), fenced by the shard's epoch. Task registration (taskRegistration.ts), the
@@ -59,7 +71,7 @@ export class Store {
     this.pool = new pg.Pool({
       connectionString: opts.pgUrl,
       max: opts.poolSize ?? 8,
-      options: `-c search_path=${quoteIdent(opts.schema)}`,
+      options: `-c search_path=${quoteIdent(opts.schema)} -c idle_in_transaction_session_timeout=${IDLE_IN_TRANSACTION_MS}`,
       application_name: `ax:${opts.schema}`,
       ...PARTITION_TIMEOUTS,
     });
@@ -73,7 +85,7 @@ export class Store {
     // run written and cost 950 µs of PostgreSQL CPU a run.
     this.writePool = new pg.Pool({
       connectionString: opts.pgUrl, max: 2,
-      options: `-c search_path=${quoteIdent(opts.schema)} -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off`,
+      options: `-c search_path=${quoteIdent(opts.schema)} -c idle_in_transaction_session_timeout=${IDLE_IN_TRANSACTION_MS} -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off`,
       application_name: `ax:${opts.schema}`, pipeline: true, ...PARTITION_TIMEOUTS,
     } as pg.PoolConfig);
     this.writePool.on("error", () => undefined);

@@ -75,21 +75,10 @@ export class TaskRegistration {
     const out: BulkCreated[] = new Array(tasks.length);
     let analyze = false;
     try {
-      await c.query("begin");
-      const executors = [...new Set(tasks.map((t) => t.executor))];
-      // FOR KEY SHARE: what the foreign key check on tasks.executor would take, for the whole batch at once.
-      const known = new Set((await c.query("select name from executors where name = any($1::text[]) for key share", [executors])).rows.map((x) => x.name as string));
-      for (const e of executors) if (!known.has(e)) throw new InvalidInputError("executor", e, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
-      // The per-row foreign-key checks (executor, and both ends of each task_triggers link) are
-      // half of PostgreSQL's cost here and prove nothing new: the executors are locked above as
-      // the check would lock them, and the tasks and triggers linked are the ones this very
-      // transaction writes. A role allowed to (superuser) skips them for this transaction only,
-      // as pg_restore --disable-triggers does; other roles keep them.
-      if (await this.canSkipForeignKeyChecks(c)) await c.query("set local session_replication_role = replica");
       const nTriggers = tasks.reduce((n, t) => n + t.triggers.length, 0);
-      const st = (await c.query(`select c.reltuples, coalesce(s.n_mod_since_analyze, 0) as mods from pg_class c
-        left join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'tasks'::regclass`)).rows[0] as { reltuples: number; mods: number } | undefined;
-      analyze = !st || st.reltuples < 0 || Number(st.mods) + tasks.length > st.reltuples;
+      // Ids (sequences are not transactional) and the COPY text come first, outside the
+      // transaction: the transaction then waits on nothing but PostgreSQL (a transaction idle
+      // on its client is ended by the server, see IDLE_IN_TRANSACTION_MS).
       const ids = await reserveIds(c, this.schema, "tasks", tasks.length);
       const trIds = nTriggers ? await reserveIds(c, this.schema, "triggers", nTriggers) : [];
       const T = new CopyText(); const TR = new CopyText(); const TT = new CopyText();
@@ -119,6 +108,20 @@ export class TaskRegistration {
         for (const up of t.upstreams) { edges.d.push(id); edges.u.push(up); }
         out[i] = { id, name: t.name, shard, nextDueMs: t.nextDueMs };
       }
+      await c.query("begin");
+      const executors = [...new Set(tasks.map((t) => t.executor))];
+      // FOR KEY SHARE: what the foreign key check on tasks.executor would take, for the whole batch at once.
+      const known = new Set((await c.query("select name from executors where name = any($1::text[]) for key share", [executors])).rows.map((x) => x.name as string));
+      for (const e of executors) if (!known.has(e)) throw new InvalidInputError("executor", e, "unknown executor (start it first, or see `ax status` for the known ones)", "AX_E_NOT_FOUND");
+      // The per-row foreign-key checks (executor, and both ends of each task_triggers link) are
+      // half of PostgreSQL's cost here and prove nothing new: the executors are locked above as
+      // the check would lock them, and the tasks and triggers linked are the ones this very
+      // transaction writes. A role allowed to (superuser) skips them for this transaction only,
+      // as pg_restore --disable-triggers does; other roles keep them.
+      if (await this.canSkipForeignKeyChecks(c)) await c.query("set local session_replication_role = replica");
+      const st = (await c.query(`select c.reltuples, coalesce(s.n_mod_since_analyze, 0) as mods from pg_class c
+        left join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'tasks'::regclass`)).rows[0] as { reltuples: number; mods: number } | undefined;
+      analyze = !st || st.reltuples < 0 || Number(st.mods) + tasks.length > st.reltuples;
       // triggers first, then tasks, then the links (foreign keys are checked per row).
       if (nTriggers) await copyIn(c, "copy triggers (id, kind, spec, enabled, created_ms) from stdin", TR.chunks());
       try {
