@@ -106,6 +106,8 @@ export class Persister {
   private readonly publishing = new Set<string>();
   /** Runs whose dispatch landed late (see noteLanded), oldest first: run id → when it landed. */
   private readonly landedLate = new Map<string, number>();
+  /** Published runs' message sequences, oldest first (see noteSequence). */
+  private readonly sequences = new Map<string, { seq: number; atMs: number }>();
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
@@ -335,7 +337,7 @@ export class Persister {
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
       { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
-      () => { this.noteLanded(runs, this.d.clock.now()); this.d.onReleased?.(runs, at, m.executor); },
+      (seq) => { const landed = this.d.clock.now(); this.noteLanded(runs, landed); this.noteSequence(runs, seq, landed); this.d.onReleased?.(runs, at, m.executor); },
       (e) => {
         this.stats.publishFailures++;
         this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed and a shard of it is no longer held here; its runs time out (or are re-published by the next owner)");
@@ -358,6 +360,22 @@ export class Persister {
 
   /** When the run's dispatch landed, if it landed late (see noteLanded). */
   landedAt(runId: string): number | undefined { return this.landedLate.get(runId); }
+
+  /**
+   * The stream sequences of published runs' messages, until their shard takes them (see
+   * takeSequence); a run whose shard stopped before it did is forgotten after LANDED_KEPT_MS.
+   */
+  private noteSequence(runs: ReadonlyArray<{ runId: string }>, seq: number, atMs: number): void {
+    for (const r of runs) this.sequences.set(r.runId, { seq, atMs });
+    for (const [id, v] of this.sequences) { if (v.atMs >= atMs - LANDED_KEPT_MS) break; this.sequences.delete(id); }
+  }
+
+  /** The stream sequence of the message that carried the run, once (a shard keeps it with the run in flight). */
+  takeSequence(runId: string): number | undefined {
+    const v = this.sequences.get(runId);
+    if (v) this.sequences.delete(runId);
+    return v?.seq;
+  }
 
   private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {
@@ -395,7 +413,7 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
-  opts: { keepTrying?: () => boolean } = {}): Promise<void> {
+  opts: { keepTrying?: () => boolean } = {}): Promise<number> {
   const data = encode({ v: 2, node: nodeId, runs });
   // Retried under the same id until it lands (JetStream drops a copy of one that did): while
   // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
@@ -404,8 +422,8 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
   const giveUpAt = Date.now() + Math.max(5000, Math.min(...runs.map((r) => r.timeoutMs)));
   for (let attempt = 0; ; attempt++) {
     try {
-      await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 2000 });
-      return;
+      // A copy dropped as a duplicate is acknowledged with the sequence of the one that landed.
+      return (await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 2000 })).seq;
     } catch (e) {
       if (opts.keepTrying ? !opts.keepTrying() : Date.now() >= giveUpAt) throw e;
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));

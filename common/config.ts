@@ -46,6 +46,8 @@ export interface AxConfig {
   /** Deliveries of a message whose processing failed before it is parked as a dead letter. */
   deadAfter: number;
   leaseTtlMs: number;
+  /** Longest a run whose dispatch sits undelivered in the stream waits past its timeout (0: not at all). */
+  deliveryGraceMs: number;
   heartbeatMs: number;
   retentionMs: number;
   logLevel: string;
@@ -76,6 +78,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_MAX_IN_FLIGHT: "20000",
   AX_DEAD_AFTER: "8",
   AX_LEASE_TTL: "6s",
+  AX_DELIVERY_GRACE: "30s",
   AX_HEARTBEAT: "1s",
   AX_RETENTION: "7d",
   AX_LOG_LEVEL: "info",
@@ -102,6 +105,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
+  AX_DELIVERY_GRACE: "longest a run no executor has taken from the stream (none pulling, all full, a NATS leader election) waits past its timeout before it times out; 0s: not at all",
   AX_HEARTBEAT: "node membership heartbeat interval",
   AX_RETENTION: "how long run history is kept",
   AX_LOG_LEVEL: "pino log level (trace, debug, info, warn, error)",
@@ -236,6 +240,9 @@ function bytes(variable: string, value: string, min: number, max: number): numbe
 function dur(variable: string, value: string): number {
   try { return parseDuration(variable, value); } catch { fail(variable, value, "not a duration (e.g. 500ms, 10s, 5m)"); }
 }
+function durOrZero(variable: string, value: string): number {
+  try { return parseDuration(variable, value, { allowZero: true }); } catch { fail(variable, value, "not a duration (e.g. 0s, 500ms, 10s, 5m)"); }
+}
 
 export type RedisMode = "single" | "cluster" | "sentinel";
 export interface RedisNode { host: string; port: number }
@@ -368,6 +375,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
     deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
+    deliveryGraceMs: durOrZero("AX_DELIVERY_GRACE", get("AX_DELIVERY_GRACE")),
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
     logLevel: get("AX_LOG_LEVEL"),

@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { DeadLetters, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
+import { DeadLetters, DispatchDelivery, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
@@ -60,6 +60,7 @@ export class AxNode {
   api!: Api;
   supervisor!: ShardSupervisor;
   private persister!: Persister;
+  private delivery!: DispatchDelivery;
   private limiter!: InFlightLimiter;
   private deps!: DependencyActor;
   private alerts!: AlertDispatcher;
@@ -156,6 +157,7 @@ export class AxNode {
         for (const r of runs) lateness.observe(Math.max(0, at - r.scheduledAt) / 1000);
       },
     });
+    this.delivery = new DispatchDelivery({ jsm, names: this.names, clock: this.clock });
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
     for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
 
@@ -265,7 +267,7 @@ export class AxNode {
     // Only this actor's own entry: a late callback must not remove the shard's next actor.
     const forget = () => { if (this.actors.get(shard) === actor) this.actors.delete(shard); this.metrics.shards.set(this.actors.size); };
     const actor: ShardActor = new ShardActor(shard, epoch, {
-      nodeId: this.id, store: this.store, due: this.due, persister: this.persister, limiter: this.limiter, nc: this.nc, js: this.js,
+      nodeId: this.id, store: this.store, due: this.due, persister: this.persister, delivery: this.delivery, deliveryGraceMs: this.config.deliveryGraceMs, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
       leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).

@@ -1,5 +1,5 @@
 import { AxError, type Clock, type Logger } from "../../common/index.ts";
-import { derivedRunId, newRunId, runToken, tokenMatches, type EventCatchUp, type RunEvent, type DependencyTrigger } from "../../protocol/index.ts";
+import { derivedRunId, newRunId, runToken, tokenMatches, type DeliveryView, type EventCatchUp, type RunEvent, type DependencyTrigger } from "../../protocol/index.ts";
 import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import type { Horizon } from "./horizon.ts";
 import { decideEvent } from "./runEvents.ts";
@@ -15,6 +15,14 @@ import type { CommandReply, InFlightRun, LiveTask, Mail, Round, ShardCommand, Sh
 
 /** A slot decided more than this after its due time may have had later slots pass: the misfire policy looks. */
 export const GRACE_MS = 1000;
+/**
+ * Longest a run whose dispatch still sits undelivered in the stream waits past its timeout
+ * (NATS leader elections measured 4-9 s, a pull issued again 2 s later); then it times out as any.
+ * The default of AX_DELIVERY_GRACE (DecisionPorts.deliveryGraceMs).
+ */
+export const UNDELIVERED_GRACE_MS = 30_000;
+/** How often a timed-out run with an undelivered dispatch asks again. */
+const UNDELIVERED_RECHECK_MS = 1000;
 /** A dependency trigger's run id, derived from its key: a redelivered trigger finds its run. */
 export const dependencyRunId = (trig: DependencyTrigger): string => derivedRunId("rd", `${trig.taskId}:${trig.key}`);
 /** A backfill's run id, derived from (task, slot): a slot is backfilled once. */
@@ -42,6 +50,10 @@ export interface DecisionPorts {
   persister: Pick<Persister, "withdraw" | "isPublishing" | "landedAt">;
   /** Has the shard read the events published before a moment (a timeout waits until it has)? */
   catchUp: Pick<EventCatchUp, "covers" | "request">;
+  /** Was a run's dispatch handed to an executor (a timeout of a run never started waits until it was)? */
+  delivery: DeliveryView;
+  /** Longest such a run waits past its timeout (AX_DELIVERY_GRACE; default UNDELIVERED_GRACE_MS; 0: not at all). */
+  deliveryGraceMs?: number | undefined;
   dispatchSecret: Uint8Array;
   events?: ShardEvents | undefined;
   random?: (() => number) | undefined;
@@ -514,6 +526,27 @@ export class ShardDecisions {
     if (now < visibleMs + run.timeoutMs) {
       run.ref = this.p.horizon.addTimeout(visibleMs + run.timeoutMs, runId);
       return;
+    }
+    const graceMs = this.p.deliveryGraceMs ?? UNDELIVERED_GRACE_MS;
+    if (run.startedMs === undefined && run.dispatchSeq !== undefined && graceMs > 0 && (run.undeliveredSince === undefined || now - run.undeliveredSince < graceMs)) {
+      // No executor reported starting it: if its message still sits in the stream (delivery
+      // stalled by a consumer leader election, or executors' places all taken), the executor has
+      // not had its timeout yet. It waits for delivery, up to the grace past its timeout; a run
+      // delivered and not started (an instance that died holding it) times out.
+      const seen = this.p.delivery.status(run.executor, run.dispatchSeq, run.deliveryAskedAt ?? Infinity);
+      if (seen === "ask") {
+        run.deliveryAskedAt = now;
+        this.p.delivery.ask(run.executor, () => this.p.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 }));
+        return;
+      }
+      if (seen === "undelivered") {
+        run.undeliveredSince ??= now;
+        if (now - run.undeliveredSince < graceMs) {
+          delete run.deliveryAskedAt;
+          run.ref = this.p.horizon.addTimeout(now + UNDELIVERED_RECHECK_MS, runId);
+          return;
+        }
+      }
     }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;
     if (!this.p.catchUp.covers(from)) {

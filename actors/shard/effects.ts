@@ -49,6 +49,8 @@ export interface ShardEffectsOptions {
   mayPublish: () => boolean;
   /** A re-published message landed (the node's round remembers late landings: Persister.noteLanded). */
   noteLanded: (runs: ReadonlyArray<{ runId: string; firedAt: number }>, atMs: number) => void;
+  /** The stream sequence of the message the node's round published a run in (Persister.takeSequence). */
+  takeSequence: (runId: string) => number | undefined;
 }
 
 /**
@@ -83,7 +85,7 @@ export class ShardEffects {
     if (removeSet.size) jobs.push(this.o.due.remove(this.o.shard, [...removeSet]).catch(() => undefined));
     if (round.redisAdd.length) jobs.push(this.o.due.add(this.o.shard, round.redisAdd).catch((e) => this.o.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
-    if (round.dispatch.size) void published.then(() => this.noteLatePublish(round));
+    if (round.dispatch.size) void published.then(() => this.noteLanding(round));
     if (round.replies.length) void published.then(() => { for (const r of round.replies) r(); });
   }
 
@@ -94,13 +96,16 @@ export class ShardEffects {
    * otherwise a run whose dispatch waited out a 4 s election would have 1 s of a 5 s timeout left,
    * and a completion still on its way would find the run timed out (and retried beside it).
    */
-  private noteLatePublish(round: Round): void {
+  private noteLanding(round: Round): void {
     const at = this.o.clock.now();
     for (const list of round.dispatch.values()) {
       for (const r of list) {
-        if (at - r.firedAt < LATE_LANDING_MS) continue;
+        const seq = this.o.takeSequence(r.runId);
         const run = this.o.view.inFlight.get(r.runId);
-        if (run) run.visibleMs = at;
+        if (!run) continue;
+        // Where it sits in the stream: a timeout asks whether it was delivered (DeliveryView).
+        if (seq !== undefined) run.dispatchSeq = seq;
+        if (at - r.firedAt >= LATE_LANDING_MS) run.visibleMs = at;
       }
     }
   }
@@ -151,7 +156,10 @@ export class ShardEffects {
       // Tried again while this actor holds the shard, as a first publish is (a NATS leader election
       // can outlast the few seconds a plain retry allows; the runs' timeouts start only after this).
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.o.js, this.o.names, this.o.nodeId, m.executor, part.id, part.runs,
-        { keepTrying: () => this.o.mayPublish() }).then(() => this.o.noteLanded(part.runs, this.o.clock.now()))
+        { keepTrying: () => this.o.mayPublish() }).then((seq) => {
+          this.o.noteLanded(part.runs, this.o.clock.now());
+          for (const r of part.runs) { const own = r.shard === this.o.shard ? this.o.view.inFlight.get(r.runId) : undefined; if (own) own.dispatchSeq = seq; }
+        })
         .catch((e) => this.o.log.error({ err: String(e), msgID: part.id }, "re-publishing a recorded dispatch failed; its runs time out and retry"))));
       const releaseAt = Math.max(...runs.map((r) => r.firedAt));
       if (releaseAt <= now) jobs.push(send());

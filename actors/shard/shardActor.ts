@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  EventCatchUp, connectionUptime, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
+  EventCatchUp, connectionUptime, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 import { Horizon } from "./horizon.ts";
@@ -25,6 +25,10 @@ export interface ShardActorDeps {
   store: Store;
   due: DueIndex;
   persister: Persister;
+  /** The executors' consumers' delivery progress (one per node, shared by its shards). */
+  delivery: DeliveryView;
+  /** AX_DELIVERY_GRACE (see DecisionPorts.deliveryGraceMs). */
+  deliveryGraceMs?: number;
   limiter: InFlightLimiter;
   nc: NatsConnection;
   js: JetStreamClient;
@@ -160,7 +164,7 @@ export class ShardActor implements EventSink {
     this.decisions = new ShardDecisions({
       shard, epoch, nodeId: deps.nodeId, clock: deps.clock, log: this.log, tickMs: deps.tickMs, limiter: deps.limiter, horizon: this.horizon,
       calendars: this.calendars,
-      persister: deps.persister, catchUp: this.catchUp, dispatchSecret: deps.dispatchSecret, events: deps.events, random: deps.random,
+      persister: deps.persister, catchUp: this.catchUp, delivery: deps.delivery, deliveryGraceMs: deps.deliveryGraceMs, dispatchSecret: deps.dispatchSecret, events: deps.events, random: deps.random,
       tell: (m) => this.tell(m), active: () => this.state === "active",
     });
     this.stats = this.decisions.stats;
@@ -169,6 +173,7 @@ export class ShardActor implements EventSink {
       dispatchSecret: deps.dispatchSecret, horizon: this.horizon, view: this.decisions, releasable: () => this.releasable,
       mayPublish: () => this.state !== "stopped" && deps.leaseValid(),
       noteLanded: (runs, atMs) => deps.persister.noteLanded(runs, atMs),
+      takeSequence: (runId) => deps.persister.takeSequence(runId),
     });
   }
 

@@ -65,6 +65,12 @@ export interface InFlightRun {
    * retried through a NATS restart or a stream leader election): its timeout counts from here.
    */
   visibleMs?: number;
+  /** The stream sequence of its dispatch message, once published: a timeout asks whether it was delivered. */
+  dispatchSeq?: number;
+  /** When a timeout first found its dispatch undelivered (it waits for delivery, up to UNDELIVERED_GRACE_MS). */
+  undeliveredSince?: number;
+  /** When this shard last asked about its delivery (an answer from before that is not used). */
+  deliveryAskedAt?: number;
 }
 
 export interface LiveTask {

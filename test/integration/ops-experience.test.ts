@@ -11,7 +11,9 @@ import { TestCluster } from "../cluster.ts";
 import { sleep, waitFor } from "../helpers.ts";
 
 // Issue 16 items 3, 4, 6, 7: HTTP jobs, stale work not run, executor liveness, CLI.
-const tc = new TestCluster("opsx");
+// Runs queued while no executor pulls are timed out at once here (AX_DELIVERY_GRACE 0s): this file is about
+// what the SDK does with such stale runs; the wait for delivery is test/integration/undelivered-timeout.test.ts.
+const tc = new TestCluster("opsx", { AX_DELIVERY_GRACE: "0s" });
 const n = names(tc.ns);
 let client: AxClient;
 let nc: NatsConnection;

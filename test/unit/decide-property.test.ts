@@ -4,7 +4,7 @@ import { runToken } from "../../protocol/index.ts";
 import { initialRecord, type TaskRecord } from "../../actors/machine/index.ts";
 import { InFlightLimiter } from "../../actors/limiter.ts";
 import { Horizon, type WheelItem } from "../../actors/shard/horizon.ts";
-import { ShardDecisions, NONE_RECORDED } from "../../actors/shard/decide.ts";
+import { ShardDecisions, NONE_RECORDED, UNDELIVERED_GRACE_MS } from "../../actors/shard/decide.ts";
 import { liveTask, type Mail, type Round } from "../../actors/shard/types.ts";
 import type { RunInsert, TaskRow } from "../../actors/store/index.ts";
 import { rng as mulberry32 } from "./cron-reference.ts";
@@ -50,11 +50,17 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   const held = new Map<string, number>();
   /** Runs the node's round gave back before their release (a withdrawal it agreed to). */
   const givenBack = new Set<string>();
+  // The executors' consumer: how far it has delivered, as last answered (null: JetStream did not answer).
+  const delivery = { seq: null as number | null, answeredAt: -Infinity, asks: [] as Array<() => void>, published: 0 };
   const d = new ShardDecisions({
     shard: 0, epoch: 1, nodeId: "n", clock, log: silentLogger, tickMs: 20, limiter, horizon,
     calendars: { exclusion: () => null },
     persister: { withdraw: (id) => { const ok = held.delete(id); if (ok) givenBack.add(id); return ok; }, isPublishing: () => false, landedAt: () => undefined },
     catchUp: { covers: () => rnd() < 0.7, request: (then) => { catchUps.push(() => then()); } },
+    delivery: {
+      status: (_e, seq, notBefore) => (delivery.answeredAt < notBefore ? "ask" : delivery.seq !== null && delivery.seq >= seq ? "delivered" : "undelivered"),
+      ask: (_e, then) => { delivery.asks.push(then); },
+    },
     dispatchSecret: SECRET, random: rnd, tell: (m) => told.push(m), active: () => true,
   });
   d.acquired(T0 - 60_000, { owner: null, epoch: null, sinceMs: null });
@@ -134,8 +140,16 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     const pausedBefore = new Set([...d.live.values()].filter((lt) => lt.row.state === "paused").map((lt) => lt.row.id));
     // A resume in this round may fire at once.
     for (const m of mail) if (m.t === "cmd" && m.cmd.type === "resume") pausedBefore.delete(m.cmd.taskId);
+    const before = new Map([...d.inFlight].map(([id, r]) => [id, { seq: r.dispatchSeq, started: r.startedMs !== undefined, undeliveredSince: r.undeliveredSince }]));
     const round = d.decide(mail, { now, canFire: true, recorded: NONE_RECORDED });
     rounds++;
+    // A run never started, whose message's place is known, times out only once delivered or after the grace.
+    for (const u of round.write.runUpdates) {
+      const b = before.get(u.id);
+      if (u.state !== "timed_out" || !b || b.seq === undefined || b.started) continue;
+      const delivered = delivery.seq !== null && delivery.seq >= b.seq;
+      expect(delivered || (b.undeliveredSince !== undefined && now - b.undeliveredSince >= UNDELIVERED_GRACE_MS), `run ${u.id} timed out undelivered (seed ${seed})`).toBe(true);
+    }
     for (const r of round.replies) r();
     check(round, pausedBefore, now);
   };
@@ -151,6 +165,13 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     if (came.length) mail.push({ t: "due", items: came.splice(0), lateMs: 0 });
     mail.push(...told.splice(0));
     if (catchUps.length && rnd() < 0.5) for (const c of catchUps.splice(0)) c();
+    // Published runs get their message's place; the consumer delivers some of them, or does not answer.
+    for (const r of d.inFlight.values()) if (!held.has(r.runId) && r.dispatchSeq === undefined && rnd() < 0.8) r.dispatchSeq = ++delivery.published;
+    if (delivery.asks.length && rnd() < 0.6) {
+      delivery.seq = rnd() < 0.2 ? null : Math.max(delivery.seq ?? 0, delivery.published - Math.floor(rnd() * 4));
+      delivery.answeredAt = now;
+      for (const f of delivery.asks.splice(0)) f();
+    }
     // The executor: some runs in flight start, finish, fail or are never heard of (they time out).
     const released = [...d.inFlight.values()].filter((r) => !held.has(r.runId));
     const events = [];
@@ -182,6 +203,8 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     if (came.length) mail.push({ t: "due", items: came.splice(0), lateMs: 0 });
     mail.push(...told.splice(0));
     for (const c of catchUps.splice(0)) c();
+    delivery.seq = delivery.published; delivery.answeredAt = clock.now();
+    for (const f of delivery.asks.splice(0)) f();
     const events = [...d.inFlight.values()].filter((r) => !held.has(r.runId))
       .map((r) => ({ type: "completed" as const, runId: r.runId, taskId: r.taskId, at: clock.now(), token: runToken(SECRET, r.runId) }));
     if (events.length) mail.push({ t: "events", events, instance: "x", msg });

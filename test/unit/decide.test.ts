@@ -4,7 +4,7 @@ import { runToken, type DependencyTrigger, type RunEvent } from "../../protocol/
 import { initialRecord, type TaskRecord } from "../../actors/machine/index.ts";
 import { InFlightLimiter } from "../../actors/limiter.ts";
 import { Horizon } from "../../actors/shard/horizon.ts";
-import { ShardDecisions, NONE_RECORDED, backfillRunId, dependencyRunId } from "../../actors/shard/decide.ts";
+import { ShardDecisions, NONE_RECORDED, backfillRunId, dependencyRunId, UNDELIVERED_GRACE_MS } from "../../actors/shard/decide.ts";
 import { liveTask, type CommandReply, type Mail, type Round } from "../../actors/shard/types.ts";
 import type { TaskRow, TriggerRow } from "../../actors/store/index.ts";
 
@@ -43,7 +43,7 @@ function tenSeconds(row: TaskRow): TaskRow {
   return { ...row, triggers: [{ ...rateTrigger(), spec: { kind: "fixed_rate", everyMs: 10_000, anchorMs: T0 + 5000 - 100_000 } }], triggerSlots: { "11": slot - 10_000 } };
 }
 
-function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number } = {}) {
+function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; deliveryGraceMs?: number } = {}) {
   const clock = new SimulatedClock(T0);
   const limiter = new InFlightLimiter(opts.limit ?? 10);
   const horizon = new Horizon({
@@ -56,12 +56,23 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number } 
   /** Runs whose dispatch the node's round saw land late: when. */
   const landed = new Map<string, number>();
   const catchUpRequests: Array<(unconfirmed?: string) => void> = [];
+  /** The executors' consumer as the fake JetStream answers it: delivered up to `seq` (null: no answer), when asked. */
+  const delivery = { seq: null as number | null, answeredAt: -Infinity, asks: [] as Array<() => void>, asked: 0 };
+  const answerDelivery = (seq: number | null) => {
+    delivery.seq = seq; delivery.answeredAt = clock.now();
+    for (const f of delivery.asks.splice(0)) f();
+  };
   const seen = { fired: [] as unknown[], finished: [] as Array<{ state: string; final: boolean }>, missed: [] as Array<{ reason: string }> };
   const d = new ShardDecisions({
     shard: 3, epoch: 7, nodeId: "n1", clock, log: silentLogger, tickMs: 20, limiter, horizon,
     calendars: { exclusion: () => null },
     persister: { withdraw: (id) => withdrawable.delete(id), isPublishing: () => false, landedAt: (id) => landed.get(id) },
     catchUp: { covers: () => opts.covered ?? true, request: (then) => { catchUpRequests.push(then); } },
+    delivery: {
+      status: (_e, seq, notBefore) => (delivery.answeredAt < notBefore ? "ask" : delivery.seq !== null && delivery.seq >= seq ? "delivered" : "undelivered"),
+      ask: (_e, then) => { delivery.asked++; delivery.asks.push(then); },
+    },
+    deliveryGraceMs: opts.deliveryGraceMs,
     dispatchSecret: SECRET, random: () => 0,
     events: {
       "run:fired": (e) => seen.fired.push(e),
@@ -93,7 +104,7 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number } 
     expect(r.write.runInserts).toHaveLength(1);
     return r.write.runInserts[0]!.id;
   };
-  return { clock, limiter, horizon, told, withdrawable, landed, catchUpRequests, seen, d, add, onWheel, due, event, cmd, decide, fireNow, acks, msg, replies };
+  return { clock, limiter, horizon, told, withdrawable, landed, catchUpRequests, delivery, answerDelivery, seen, d, add, onWheel, due, event, cmd, decide, fireNow, acks, msg, replies };
 }
 
 type Setup = ReturnType<typeof setup>;
@@ -323,6 +334,97 @@ describe("shard decisions: events, timeouts", () => {
     expect(s.d.inFlight.has(runId)).toBe(true);
     s.clock.stepWall(4900); // the whole timeout after the landing
     expect(s.decide([timeout()]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
+  });
+
+  describe("a timeout of a run no executor reported starting waits for its dispatch's delivery", () => {
+    const timeoutAt = (runId: string, at: number): Mail => ({ t: "due", items: [{ dueMs: at, item: { k: 1, runId } }], lateMs: 0 });
+    /** A run fired at T0 whose message landed at stream sequence 42, at its timeout (T0 + 5 s). */
+    function atTimeout() {
+      const s = setup();
+      const row = s.add(task(1, T0));
+      const runId = s.fireNow(row);
+      s.d.inFlight.get(runId)!.dispatchSeq = 42;
+      s.clock.stepWall(5000);
+      return { s, row, runId };
+    }
+
+    it.each([
+      { name: "delivered (the consumer is past its message): timed out", seq: 42 as number | null, state: "timed_out" },
+      { name: "delivered long ago: timed out", seq: 900 as number | null, state: "timed_out" },
+      { name: "still in the stream: not timed out, asked again in a second", seq: 41 as number | null, state: null },
+      { name: "JetStream did not answer (a leader election): not timed out, asked again in a second", seq: null, state: null },
+    ])("$name", ({ seq, state }) => {
+      const { s, row, runId } = atTimeout();
+      const first = s.decide([timeoutAt(runId, T0 + 5000)]);
+      // Asked first: nothing decided until the answer comes back as mail.
+      expect(first.write.runUpdates).toEqual([]);
+      expect(s.delivery.asked).toBe(1);
+      s.answerDelivery(seq);
+      expect(s.told).toEqual([timeoutAt(runId, T0 + 5000)]);
+      const r = s.decide([s.told.pop()!]);
+      if (state) {
+        expect(r.write.runUpdates.map((u) => [u.id, u.state])).toEqual([[runId, state]]);
+        expect(s.limiter.inFlight("e")).toBe(0);
+      } else {
+        expect(r.write.runUpdates).toEqual([]);
+        expect(row.state).toBe("running");
+        expect(s.d.inFlight.get(runId)!.ref).not.toBeNull();
+        expect(s.horizon.size).toBeGreaterThan(0);
+      }
+    });
+
+    it("delivered later: times out only then, asking afresh each time (an old answer is not reused)", () => {
+      const { s, runId } = atTimeout();
+      s.decide([timeoutAt(runId, T0 + 5000)]);
+      s.answerDelivery(10);
+      s.decide([s.told.pop()!]); // undelivered: re-armed
+      s.clock.stepWall(1000);
+      expect(s.decide([timeoutAt(runId, T0 + 6000)]).write.runUpdates).toEqual([]);
+      expect(s.delivery.asked).toBe(2);
+      s.answerDelivery(42);
+      expect(s.decide([s.told.pop()!]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
+    });
+
+    it("never delivered: times out once the grace past its timeout is over", () => {
+      const { s, runId } = atTimeout();
+      let at = T0 + 5000;
+      for (let i = 0; ; i++) {
+        expect(i).toBeLessThan(UNDELIVERED_GRACE_MS / 1000 + 3);
+        const r = s.decide([timeoutAt(runId, at)]);
+        if (r.write.runUpdates.length) { expect(r.write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]); break; }
+        s.answerDelivery(null);
+        const again = s.decide([s.told.pop()!]);
+        if (again.write.runUpdates.length) { expect(again.write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]); break; }
+        s.clock.stepWall(1000); at += 1000;
+      }
+      expect(s.clock.now() - (T0 + 5000)).toBeGreaterThanOrEqual(UNDELIVERED_GRACE_MS);
+      expect(s.clock.now() - (T0 + 5000)).toBeLessThan(UNDELIVERED_GRACE_MS + 2000);
+    });
+
+    it("a grace of 0 (AX_DELIVERY_GRACE=0s): times out without asking", () => {
+      const s = setup({ deliveryGraceMs: 0 });
+      const row = s.add(task(1, T0));
+      const runId = s.fireNow(row);
+      s.d.inFlight.get(runId)!.dispatchSeq = 42;
+      s.clock.stepWall(5000);
+      expect(s.decide([timeoutAt(runId, T0 + 5000)]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
+      expect(s.delivery.asked).toBe(0);
+    });
+
+    it("started (the executor has it): times out without asking", () => {
+      const { s, runId } = atTimeout();
+      s.decide([s.event(runId, "started")]);
+      s.clock.stepWall(5000);
+      expect(s.decide([timeoutAt(runId, T0 + 10_000)]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
+      expect(s.delivery.asked).toBe(0);
+    });
+
+    it("its message's place unknown (adopted at load, not re-published): times out without asking", () => {
+      const { s, runId } = atTimeout();
+      delete s.d.inFlight.get(runId)!.dispatchSeq;
+      expect(s.decide([timeoutAt(runId, T0 + 5000)]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
+      expect(s.delivery.asked).toBe(0);
+    });
   });
 
   it("a run whose task is gone times out without it (the actor found no row)", () => {
