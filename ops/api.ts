@@ -245,6 +245,7 @@ export class Api {
     this.editor = new TaskEditor({
       store: d.store, clock: d.clock, parseSpec: (raw, now) => parseTaskSpec(raw, now, this.limits), resolveTask: (ref) => this.task({ task: ref }),
       shardCommand: (shard, cmd) => this.shardCommand(shard, cmd), createTask: (spec, applySet) => this.createTask(spec, applySet),
+      depsChanged: (ids) => this.depsChanged(ids),
       removeTask: (id) => this.removeTask({ task: id }), publish: (subject, value) => d.nc.publish(subject, encode(value)),
     });
   }
@@ -376,6 +377,7 @@ export class Api {
     for (const up of p.after) upstreams.push((await this.d.store.requireTask(up).catch(() => { throw new InvalidInputError("after", up, "no such task", "AX_E_NOT_FOUND"); })).id);
     const tags = raw.tags !== undefined ? parseTags(raw.tags) : [];
     const row = await this.d.store.createTask({ ...p.task, upstreams, shardOf: (id) => shardOfTask(id, this.d.shardCount), ...(applySet ? { applySet } : {}) });
+    if (upstreams.length) await this.depsChanged(upstreams);
     if (tags.length) await tagTask(this.browse, row, { tags });
     if (row.nextDueMs !== null) await this.d.due.add(row.shard, [{ id: row.id, dueMs: row.nextDueMs }]);
     await this.shardCommand(row.shard, { type: "load", taskId: row.id }).catch(() => undefined); // the owner also refills from Redis
@@ -422,6 +424,7 @@ export class Api {
       return task;
     });
     const created = await this.d.store.createTasksBulk(tasks, (id) => shardOfTask(id, this.d.shardCount));
+    if (upIds.size) await this.depsChanged(new Set(tasks.flatMap((t) => t.upstreams)));
     const byShard = new Map<number, Array<{ id: number; dueMs: number }>>();
     const soon: BulkCreated[] = [];
     for (const c of created) {
@@ -497,6 +500,15 @@ export class Api {
     return { task: t.name, nextDue: t.nextDueMs ? new Date(t.nextDueMs).toISOString() : null, triggers: out };
   }
 
+  /**
+   * Dependency edges of these tasks changed (committed): their shard owners read the edge fields
+   * again for rows they hold in memory. A run in flight otherwise finished with the old ones,
+   * and a downstream added while its upstream ran was not triggered by that run.
+   */
+  private async depsChanged(ids: Iterable<number>): Promise<void> {
+    await Promise.all([...new Set(ids)].map((id) => this.shardCommand(shardOfTask(id, this.d.shardCount), { type: "deps", taskId: id }).catch(() => undefined)));
+  }
+
   private async shardCommand(shard: number, cmd: ShardCommand, timeoutMs = 5000): Promise<CommandReply> {
     let lastErr: unknown;
     for (let i = 0; i < 3; i++) {
@@ -539,12 +551,14 @@ export class Api {
     const t = await this.task(a);
     const up = await this.d.store.requireTask(str("upstream", a.upstream)).catch((e) => { throw new InvalidInputError("upstream", a.upstream, (e as Error).message, "AX_E_NOT_FOUND"); });
     await this.d.store.addDependency(t.id, up.id, this.d.clock.now());
+    await this.depsChanged([t.id, up.id]);
     return { task: t.name, upstream: up.name };
   }
   private async depsRm(a: Record<string, unknown>): Promise<unknown> {
     const t = await this.task(a);
     const up = await this.d.store.requireTask(str("upstream", a.upstream));
     if (!(await this.d.store.removeDependency(t.id, up.id))) throw new InvalidInputError("upstream", up.name, `${t.name} does not depend on it`, "AX_E_NOT_FOUND");
+    await this.depsChanged([t.id, up.id]);
     return { task: t.name, upstream: up.name, removed: true };
   }
 

@@ -15,6 +15,8 @@ export interface EditorDeps {
   parseSpec: (raw: Record<string, unknown>, now: number) => Parsed;
   resolveTask: (ref: unknown) => Promise<TaskRow>;
   shardCommand: (shard: number, cmd: ShardCommand) => Promise<CommandReply>;
+  /** Dependency edges of these tasks changed: their owners re-read them (Api.depsChanged). */
+  depsChanged: (ids: Iterable<number>) => Promise<void>;
   createTask: (spec: Record<string, unknown>, applySet: string) => Promise<unknown>;
   removeTask: (id: number) => Promise<unknown>;
   /** Progress of a long apply, published to the caller's inbox (NATS) when it gave one. */
@@ -260,8 +262,15 @@ export class TaskEditor {
     let done = 0;
     const tick = (what: string) => { done++; if (progress) this.d.publish?.(progress, { done, total: steps, what }); };
     const ids = new Map<string, number>([...outsideIds, ...existingIds]);
+    const edgesChanged: number[] = [];
     try {
-      for (const x of items) for (const u of x.depsRm) await this.d.store.removeDependency(ids.get(x.name)!, (await this.d.store.requireTask(u)).id);
+      for (const x of items) {
+        for (const u of x.depsRm) {
+          const [down, up] = [ids.get(x.name)!, (await this.d.store.requireTask(u)).id];
+          await this.d.store.removeDependency(down, up);
+          edgesChanged.push(down, up);
+        }
+      }
       for (const x of items) {
         const s = specs[x.i]!;
         if (x.action === "create") {
@@ -276,13 +285,20 @@ export class TaskEditor {
           const row = await this.d.store.requireTask(id);
           await this.updateRow(row, x.change!, who, false, `tasks[${x.i}]`, "replace");
         }
-        for (const u of x.depsAdd) await this.d.store.addDependency(id, ids.get(u) ?? (await this.d.store.requireTask(u)).id, now);
+        for (const u of x.depsAdd) {
+          const up = ids.get(u) ?? (await this.d.store.requireTask(u)).id;
+          await this.d.store.addDependency(id, up, now);
+          edgesChanged.push(id, up);
+        }
         if (x.action !== "unchanged" || x.depsAdd.length || x.depsRm.length || x.adopt) tick(`${x.action === "unchanged" ? "linked" : "updated"} ${x.name}`);
       }
       for (const p of await this.pruneOrder(pruneRows)) { await this.d.removeTask(p.id); tick(`removed ${p.name}`); }
     } catch (e) {
       const err = e instanceof AxError ? e : new AxError("AX_E_INTERNAL", String((e as Error)?.message ?? e));
       throw new AxError(err.code, `${err.message} (apply stopped after ${done} of ${steps} changes; the file can be applied again to finish)`, { field: err.field ?? "tasks", value: err.value });
+    } finally {
+      // Also after a failure: the edges changed before it are committed.
+      if (edgesChanged.length) await this.d.depsChanged(edgesChanged);
     }
     return summary;
   }

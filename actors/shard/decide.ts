@@ -672,6 +672,9 @@ export class ShardDecisions {
         reply({ ok: true });
         return;
       }
+      case "deps":
+        reply({ ok: true }); // the row was read afresh before the round (ShardActor.round)
+        return;
       case "run":
         this.fire(round, lt, { dueMs: now, slotMs: null, triggerId: null, source: "manual", causedBy: null, reason: "manual" }, now,
           { manual: { force: cmd.force, payload: cmd.payload ?? lt.row.payload, reply } });

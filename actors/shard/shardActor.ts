@@ -302,8 +302,16 @@ export class ShardActor implements EventSink {
       if (m.t === "capacity") need.add(m.taskId);
     }
     for (const id of need) this.evictable.add(id);
-    const missing = [...need].filter((id) => !live.has(id));
-    for (const row of await this.d.store.fetchTasks(this.shard, missing)) live.set(row.id, liveTask(row));
+    // A row held in memory (a run of it in flight) is not read again, but for its dependency
+    // edges when they changed (`deps`): a run that finishes must see the downstreams added while
+    // it ran, or they are not triggered by it. Only those fields: the rest is this shard's own.
+    const edgesChanged = new Set<number>();
+    for (const m of batch) if (m.t === "cmd" && m.cmd.type === "deps") edgesChanged.add(m.cmd.taskId);
+    const missing = [...need].filter((id) => !live.has(id) || edgesChanged.has(id));
+    for (const row of await this.d.store.fetchTasks(this.shard, missing)) {
+      const held = live.get(row.id);
+      if (held) { held.row.hasDownstreams = row.hasDownstreams; held.row.upstreams = row.upstreams; } else live.set(row.id, liveTask(row));
+    }
     // Calendars of excluded dates named by the tasks coming due (none: no query).
     await this.calendars.ensure([...need].map((id) => live.get(id)?.row));
     // Which derived runs (a dependency trigger's, a backfill's) PostgreSQL already holds: one

@@ -33,6 +33,8 @@ export interface ShardEvents {
 
 export type ShardCommand =
   | { type: "load"; taskId: number }
+  /** Its dependency edges changed in PostgreSQL: a row held in memory takes the new ones (see ShardActor.round). */
+  | { type: "deps"; taskId: number }
   | { type: "run"; taskId: number; payload?: unknown; force: boolean }
   | { type: "pause"; taskId: number }
   | { type: "resume"; taskId: number }

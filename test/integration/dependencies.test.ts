@@ -261,6 +261,29 @@ describe("dependencies", () => {
     expect(callsOf("co-b")).toHaveLength(2);
   });
 
+  it("edges added while the upstream's shard holds its row (a run in flight) count for its runs fired after them", async () => {
+    // Overlaps allowed: the second run fires while the first is in flight, so the shard keeps
+    // the row it read before the edges existed, and the second run ends the chain.
+    hold.set("wr-a", 5000);
+    // The outcome must come with the run's end: the DependencyActor's reconcile (every 5 s) would
+    // find it in the run history later and hide a stale row behind a delay.
+    const reconciled = () => (n1 as unknown as { deps: { stats: { reconciled: number } } }).deps.stats.reconciled;
+    const reconciledBefore = reconciled();
+    await create("wr-a", { delay: "1h", overlap: "allow" });
+    const first = await runNow("wr-a");
+    await waitFor(() => callsOf("wr-a").length === 1, 10_000, "wr-a's first run started");
+    await create("wr-b", { after: ["wr-a"] });
+    await create("wr-c", { delay: "1h" });
+    await client.call("task.deps.add", { task: "wr-c", upstream: "wr-a" });
+    const second = await runNow("wr-a");
+    expect((await runsOf("wr-a")).find((r) => r.id === first)?.state, "the first run still in flight when the second fired").toBe("running");
+    const [b, c] = [(await waitFor(() => succeeded("wr-b", 1), 20_000, "wr-b ran"))!, (await waitFor(() => succeeded("wr-c", 1), 20_000, "wr-c ran"))!];
+    // Triggered by the run fired after the edges (the first was fired before them: it does not count).
+    expect(b.map((r) => r.upstreamRuns)).toEqual([[second]]);
+    expect(c.map((r) => r.upstreamRuns)).toEqual([[second]]);
+    expect(reconciled() - reconciledBefore, "outcomes recovered by the reconcile instead of sent").toBe(0);
+  });
+
   it("cycles are refused with exit code 2 and named; two conflicting edges at once through two nodes: exactly one is accepted", async () => {
     await create("cy-a", { delay: "1h" });
     await create("cy-b", { after: ["cy-a"] });
