@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import type { RunInsert } from "../actors/index.ts";
 import { loadConfig, type AxConfig } from "../common/index.ts";
 
 /** A fresh namespace per test file: its own PG schema, Redis keys, NATS streams and KV. */
@@ -28,3 +29,11 @@ export async function waitFor<T>(fn: () => T | Promise<T>, timeoutMs = 10_000, w
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** A run row as a shard's round inserts it when it fires (store tests write these directly). */
+export function runningRun(id: string, taskId: number, shard: number, epoch: number, o: Partial<RunInsert> = {}): RunInsert {
+  return {
+    id, taskId, taskName: "t", triggerId: null, source: "once", dueMs: 5000, slotMs: 5000, dueReason: "r", firedMs: 5001,
+    node: "n1", shard, epoch, attempt: 1, executor: "ex", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: 5001, ...o,
+  };
+}

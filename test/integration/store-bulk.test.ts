@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Store, type BulkNewTask, type RunInsert } from "../../actors/store/index.ts";
+import { Store, type BulkNewTask } from "../../actors/store/index.ts";
 import { parseTaskSpec, shardOfTask } from "../../ops/api.ts";
-import { testNamespace, testConfig } from "../helpers.ts";
+import { testNamespace, testConfig, runningRun } from "../helpers.ts";
 
 const ns = testNamespace("bulk");
 const cfg = testConfig(ns);
@@ -15,12 +15,7 @@ function spec(name: string, extra: Record<string, unknown> = {}): BulkNewTask {
   return { ...parseTaskSpec({ name, executor: "ex", ...trigger, ...extra }, NOW).task, upstreams: [] };
 }
 
-function run(id: string, taskId: number, shard: number, epoch: number): RunInsert {
-  return {
-    id, taskId, taskName: "t", triggerId: null, source: "once", dueMs: 5000, slotMs: 5000, dueReason: "r", firedMs: 5001,
-    node: "n1", shard, epoch, attempt: 1, executor: "ex", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: 5001,
-  };
-}
+const run = (id: string, taskId: number, shard: number, epoch: number) => runningRun(id, taskId, shard, epoch);
 
 beforeAll(async () => {
   await store.migrate();

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { IDLE_IN_TRANSACTION_MS, Store, type RunInsert } from "../../actors/store/index.ts";
+import { IDLE_IN_TRANSACTION_MS, Store } from "../../actors/store/index.ts";
 import { parseTaskSpec } from "../../ops/api.ts";
 import { CuttableProxy } from "../faults/rig.ts";
-import { sleep, testConfig, testNamespace } from "../helpers.ts";
+import { sleep, testConfig, testNamespace, runningRun } from "../helpers.ts";
 
 // A node cut off from PostgreSQL in the middle of a fenced write: its backend holds the shard's
 // row FOR SHARE (the fence) and waits for the rest of the transaction. The shard's next owner
@@ -13,12 +13,7 @@ const direct = new Store({ pgUrl: cfg.pgUrl, schema: ns });
 let proxy: CuttableProxy;
 let cutOff: Store;
 
-function run(id: string, taskId: number, shard: number, epoch: number): RunInsert {
-  return {
-    id, taskId, taskName: "t", triggerId: null, source: "once", dueMs: 5000, slotMs: 5000, dueReason: "r", firedMs: 5001,
-    node: "n1", shard, epoch, attempt: 1, executor: "ex", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: 5001,
-  };
-}
+const run = (id: string, taskId: number, shard: number, epoch: number) => runningRun(id, taskId, shard, epoch);
 
 beforeAll(async () => {
   await direct.migrate();

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DueIndex, SCHEMA_VERSIONS, Store, findCycle, type NewTask, type RunInsert, type TaskUpdate } from "../../actors/store/index.ts";
+import { DueIndex, SCHEMA_VERSIONS, Store, findCycle, type NewTask, type TaskUpdate } from "../../actors/store/index.ts";
 import { replayParts } from "../../actors/index.ts";
-import { testNamespace, testConfig } from "../helpers.ts";
+import { testNamespace, testConfig, runningRun } from "../helpers.ts";
 
 const ns = testNamespace("store");
 const cfg = testConfig(ns);
@@ -17,12 +17,7 @@ function newTask(name: string, over: Partial<NewTask> = {}): NewTask {
   };
 }
 
-function run(id: string, taskId: number, shard: number, epoch: number): RunInsert {
-  return {
-    id, taskId, taskName: "a", triggerId: null, source: "rate", dueMs: 5000, slotMs: 5000, dueReason: "r", firedMs: 5001,
-    node: "n1", shard, epoch, attempt: 1, executor: "ex", state: "running", error: null, causedBy: null, upstreamRuns: null, createdMs: 5001,
-  };
-}
+const run = (id: string, taskId: number, shard: number, epoch: number) => runningRun(id, taskId, shard, epoch, { taskName: "a", source: "rate" });
 
 beforeAll(async () => {
   // Two nodes migrating at the same instant: the advisory lock serializes them, one applies.
