@@ -40,6 +40,9 @@ export const LATE_LANDING_MS = 250;
 /** How long a late landing is remembered (a timeout longer than this counts from the release). */
 const LANDED_KEPT_MS = 10 * 60_000;
 
+/** A batch that published nothing: no run's stream sequence to note. */
+const NO_SEQUENCES: ReadonlyMap<string, number> = new Map();
+
 /** Longest a release waits for a lease that is held but not confirmed (NATS reconnecting). */
 const MAX_RELEASE_WAIT_MS = 10_000;
 
@@ -49,8 +52,12 @@ interface Queued { write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatc
 export interface Submitted {
   /** The shard's epoch was no longer current: nothing of its write landed, and none of its runs were published. */
   stale: boolean;
-  /** Resolves when the runs of this batch were handed to JetStream (or their publish gave up and was logged). */
-  published: Promise<void>;
+  /**
+   * Resolves when the runs of this batch were handed to JetStream (or their publish gave up and
+   * was logged), with the stream sequence of each published run's message (by run id; a shard
+   * keeps it with its run in flight, see DeliveryView).
+   */
+  published: Promise<ReadonlyMap<string, number>>;
 }
 
 /**
@@ -106,8 +113,6 @@ export class Persister {
   private readonly publishing = new Set<string>();
   /** Runs whose dispatch landed late (see noteLanded), oldest first: run id → when it landed. */
   private readonly landedLate = new Map<string, number>();
-  /** Published runs' message sequences, oldest first (see noteSequence). */
-  private readonly sequences = new Map<string, { seq: number; atMs: number }>();
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
@@ -117,7 +122,7 @@ export class Persister {
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
     if (!write.runInserts.length && !write.runUpdates.length && !write.taskUpdates.length && !write.ledger?.length && !write.defUpdates?.length && !dispatch.size) {
-      return Promise.resolve({ stale: false, published: Promise.resolve() });
+      return Promise.resolve({ stale: false, published: Promise.resolve(NO_SEQUENCES) });
     }
     return new Promise((resolve, reject) => {
       this.queue.push({ write, dispatch, resolve, reject });
@@ -286,8 +291,9 @@ export class Persister {
    * fired at their due time, at their release time when they were written ahead of it. A failed
    * publish is retried under the same id, then logged: its runs time out and retry.
    */
-  private publish(messages: Message[], stale: ReadonlySet<number>): Promise<void> {
-    if (!messages.length) return Promise.resolve();
+  private publish(messages: Message[], stale: ReadonlySet<number>): Promise<ReadonlyMap<string, number>> {
+    if (!messages.length) return Promise.resolve(NO_SEQUENCES);
+    const sequences = new Map<string, number>();
     return Promise.all(messages.map((m) => {
       if (stale.size) {
         for (const r of m.runs) if (stale.has(r.shard)) this.held.delete(r.runId);
@@ -296,17 +302,18 @@ export class Persister {
       if (!m.runs.length) return undefined;
       if (m.releaseAt <= this.d.clock.now()) {
         for (const r of m.runs) this.held.delete(r.runId);
-        return this.release(m);
+        return this.release(m, sequences);
       }
       this.stats.held += m.runs.length;
       return new Promise<void>((resolve) => atWallTime(this.d.clock, m.releaseAt, () => {
         for (const r of m.runs) this.held.delete(r.runId);
-        void this.release(m).then(resolve);
+        void this.release(m, sequences).then(resolve);
       }));
-    })).then(() => undefined);
+    })).then(() => sequences);
   }
 
-  private release(m: Message, waitingSince = this.d.clock.monotonic()): Promise<void> {
+  /** Publishes the message's runs of shards still held here; notes each one's stream sequence in `sequences`. */
+  private release(m: Message, sequences: Map<string, number>, waitingSince = this.d.clock.monotonic()): Promise<void> {
     const verdicts = new Map<number, "yes" | "wait" | "never">();
     for (const r of m.runs) if (!verdicts.has(r.shard)) verdicts.set(r.shard, this.d.mayRelease(r.shard));
     // Bounded: a lease unconfirmed for this long is lost anyway, and its next owner re-publishes.
@@ -314,7 +321,7 @@ export class Persister {
     if (waited >= MAX_RELEASE_WAIT_MS) for (const [s, v] of verdicts) if (v === "wait") verdicts.set(s, "never");
     if ([...verdicts.values()].includes("wait")) {
       // Not dropped: an actor that keeps its shard would never publish these runs again.
-      return new Promise<void>((resolve) => { this.d.clock.setTimeout(() => { void this.release(m, waitingSince).then(resolve); }, 50); });
+      return new Promise<void>((resolve) => { this.d.clock.setTimeout(() => { void this.release(m, sequences, waitingSince).then(resolve); }, 50); });
     }
     const runs = m.runs.filter((r) => verdicts.get(r.shard) === "yes");
     this.stats.notReleased += m.runs.length - runs.length;
@@ -337,7 +344,11 @@ export class Persister {
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
       { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
-      (seq) => { const landed = this.d.clock.now(); this.noteLanded(runs, landed); this.noteSequence(runs, seq, landed); this.d.onReleased?.(runs, at, m.executor); },
+      (seq) => {
+        this.noteLanded(runs, this.d.clock.now());
+        for (const r of runs) sequences.set(r.runId, seq);
+        this.d.onReleased?.(runs, at, m.executor);
+      },
       (e) => {
         this.stats.publishFailures++;
         this.d.log.error({ err: String(e), executor: m.executor, runs: runs.length, msgID: m.id }, "dispatch publish failed and a shard of it is no longer held here; its runs time out (or are re-published by the next owner)");
@@ -360,22 +371,6 @@ export class Persister {
 
   /** When the run's dispatch landed, if it landed late (see noteLanded). */
   landedAt(runId: string): number | undefined { return this.landedLate.get(runId); }
-
-  /**
-   * The stream sequences of published runs' messages, until their shard takes them (see
-   * takeSequence); a run whose shard stopped before it did is forgotten after LANDED_KEPT_MS.
-   */
-  private noteSequence(runs: ReadonlyArray<{ runId: string }>, seq: number, atMs: number): void {
-    for (const r of runs) this.sequences.set(r.runId, { seq, atMs });
-    for (const [id, v] of this.sequences) { if (v.atMs >= atMs - LANDED_KEPT_MS) break; this.sequences.delete(id); }
-  }
-
-  /** The stream sequence of the message that carried the run, once (a shard keeps it with the run in flight). */
-  takeSequence(runId: string): number | undefined {
-    const v = this.sequences.get(runId);
-    if (v) this.sequences.delete(runId);
-    return v?.seq;
-  }
 
   private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {

@@ -237,11 +237,8 @@ function bytes(variable: string, value: string, min: number, max: number): numbe
   return n;
 }
 
-function dur(variable: string, value: string): number {
-  try { return parseDuration(variable, value); } catch { fail(variable, value, "not a duration (e.g. 500ms, 10s, 5m)"); }
-}
-function durOrZero(variable: string, value: string): number {
-  try { return parseDuration(variable, value, { allowZero: true }); } catch { fail(variable, value, "not a duration (e.g. 0s, 500ms, 10s, 5m)"); }
+function dur(variable: string, value: string, opts: { allowZero?: boolean } = {}): number {
+  try { return parseDuration(variable, value, opts); } catch { fail(variable, value, `not a duration (e.g. ${opts.allowZero ? "0s, " : ""}500ms, 10s, 5m)`); }
 }
 
 export type RedisMode = "single" | "cluster" | "sentinel";
@@ -375,7 +372,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
     deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
-    deliveryGraceMs: durOrZero("AX_DELIVERY_GRACE", get("AX_DELIVERY_GRACE")),
+    deliveryGraceMs: dur("AX_DELIVERY_GRACE", get("AX_DELIVERY_GRACE"), { allowZero: true }),
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
     logLevel: get("AX_LOG_LEVEL"),

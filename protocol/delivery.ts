@@ -42,8 +42,10 @@ export class DispatchDelivery implements DeliveryView {
     this.asking.set(executor, waiters);
     const askedAt = this.d.clock.now();
     const info = this.d.jsm.consumers.info(this.d.names.dispatchStream, this.d.names.executorConsumer(executor));
-    const timeout = new Promise<null>((r) => { const t = setTimeout(() => r(null), this.d.timeoutMs ?? 2000); t.unref?.(); });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<null>((r) => { timer = setTimeout(() => r(null), this.d.timeoutMs ?? 2000); timer.unref?.(); });
     void Promise.race([info.then((ci) => ci.delivered.stream_seq, () => null), timeout]).then((deliveredSeq) => {
+      clearTimeout(timer);
       this.known.set(executor, { askedAt, deliveredSeq });
       this.asking.delete(executor);
       for (const f of waiters) f();

@@ -540,12 +540,11 @@ export class ShardDecisions {
         return;
       }
       if (seen === "undelivered") {
+        // (within the grace: the condition above)
         run.undeliveredSince ??= now;
-        if (now - run.undeliveredSince < graceMs) {
-          delete run.deliveryAskedAt;
-          run.ref = this.p.horizon.addTimeout(now + UNDELIVERED_RECHECK_MS, runId);
-          return;
-        }
+        delete run.deliveryAskedAt;
+        run.ref = this.p.horizon.addTimeout(now + UNDELIVERED_RECHECK_MS, runId);
+        return;
       }
     }
     const from = this.timeoutCheckedFrom.get(runId) ?? now;

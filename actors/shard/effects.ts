@@ -49,8 +49,6 @@ export interface ShardEffectsOptions {
   mayPublish: () => boolean;
   /** A re-published message landed (the node's round remembers late landings: Persister.noteLanded). */
   noteLanded: (runs: ReadonlyArray<{ runId: string; firedAt: number }>, atMs: number) => void;
-  /** The stream sequence of the message the node's round published a run in (Persister.takeSequence). */
-  takeSequence: (runId: string) => number | undefined;
 }
 
 /**
@@ -60,7 +58,7 @@ export interface ShardEffectsOptions {
  */
 export class ShardEffects {
   /** Dispatches written and not yet released (they wait for their due time); a planned stop waits for them. */
-  private readonly releases = new Set<Promise<void>>();
+  private readonly releases = new Set<Promise<unknown>>();
 
   constructor(private readonly o: ShardEffectsOptions) {}
 
@@ -72,7 +70,7 @@ export class ShardEffects {
    * some at their due time: the next round does not wait for those (only Redis needs round order),
    * the replies do.
    */
-  async apply(round: Round, published: Promise<void>): Promise<void> {
+  async apply(round: Round, published: Promise<ReadonlyMap<string, number>>): Promise<void> {
     this.releases.add(published);
     void published.finally(() => this.releases.delete(published));
     const jobs: Array<Promise<unknown>> = [];
@@ -85,7 +83,7 @@ export class ShardEffects {
     if (removeSet.size) jobs.push(this.o.due.remove(this.o.shard, [...removeSet]).catch(() => undefined));
     if (round.redisAdd.length) jobs.push(this.o.due.add(this.o.shard, round.redisAdd).catch((e) => this.o.log.error({ err: String(e) }, "due index add failed; rebuilt on next load")));
     await Promise.all(jobs);
-    if (round.dispatch.size) void published.then(() => this.noteLanding(round));
+    if (round.dispatch.size) void published.then((sequences) => this.noteLanding(round, sequences));
     if (round.replies.length) void published.then(() => { for (const r of round.replies) r(); });
   }
 
@@ -96,13 +94,13 @@ export class ShardEffects {
    * otherwise a run whose dispatch waited out a 4 s election would have 1 s of a 5 s timeout left,
    * and a completion still on its way would find the run timed out (and retried beside it).
    */
-  private noteLanding(round: Round): void {
+  private noteLanding(round: Round, sequences: ReadonlyMap<string, number>): void {
     const at = this.o.clock.now();
     for (const list of round.dispatch.values()) {
       for (const r of list) {
-        const seq = this.o.takeSequence(r.runId);
         const run = this.o.view.inFlight.get(r.runId);
         if (!run) continue;
+        const seq = sequences.get(r.runId);
         // Where it sits in the stream: a timeout asks whether it was delivered (DeliveryView).
         if (seq !== undefined) run.dispatchSeq = seq;
         if (at - r.firedAt >= LATE_LANDING_MS) run.visibleMs = at;

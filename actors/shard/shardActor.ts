@@ -173,7 +173,6 @@ export class ShardActor implements EventSink {
       dispatchSecret: deps.dispatchSecret, horizon: this.horizon, view: this.decisions, releasable: () => this.releasable,
       mayPublish: () => this.state !== "stopped" && deps.leaseValid(),
       noteLanded: (runs, atMs) => deps.persister.noteLanded(runs, atMs),
-      takeSequence: (runId) => deps.persister.takeSequence(runId),
     });
   }
 
