@@ -4,6 +4,7 @@ import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts
 import type { Horizon } from "./horizon.ts";
 import { decideEvent } from "./runEvents.ts";
 import type { RunInsert, RunRow, RunSource, RunUpdate, TaskRow } from "../store/index.ts";
+import { withSlot } from "../store/index.ts";
 import type { InFlightLimiter } from "../limiter.ts";
 import type { Ackable } from "../events/index.ts";
 import type { Persister } from "../persister.ts";
@@ -400,7 +401,7 @@ export class ShardDecisions {
       round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
       this.ledgerSlot(round, lt, p, source, { outcome: "refused", runId, executor: row.executor, inFlight: this.p.limiter.inFlight(row.executor), limit: this.p.limiter.limitOf(row.executor), retryInMs: delay }, now);
       if (advanceSchedule) this.p.events?.["slot:missed"]?.({ shard: this.p.shard, runId, taskId: row.id, task: row.name, executor: row.executor, reason: "executor_full", slotMs: p.slotMs, detail: why });
-      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = { ...(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId)), [String(p.triggerId)]: p.slotMs };
+      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = withSlot(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId), String(p.triggerId), p.slotMs);
       this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
       opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
       return;
@@ -465,7 +466,7 @@ export class ShardDecisions {
     const row = lt.row;
     // Slots only move forward: a catch-up for an older skipped slot never rewinds the cadence.
     const key = String(p.triggerId);
-    if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = { ...row.triggerSlots, [key]: p.slotMs };
+    if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = withSlot(row.triggerSlots, key, p.slotMs);
     // Decided more than the grace late (a retry, a catch-up, a busy node): later slots may be past too.
     if (p.slotMs !== null && p.slotMs < now - GRACE_MS) ledger.recordMisfireGap(round.write.ledger!, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
@@ -726,9 +727,7 @@ export class ShardDecisions {
       const run = this.inFlight.get(runId);
       if (!run || !this.p.persister.withdraw(runId)) continue;
       if (run.slotsBefore) {
-        const slots = { ...lt.row.triggerSlots };
-        if (run.slotsBefore.value === undefined) delete slots[run.slotsBefore.key]; else slots[run.slotsBefore.key] = run.slotsBefore.value;
-        lt.row.triggerSlots = slots;
+        lt.row.triggerSlots = withSlot(lt.row.triggerSlots, run.slotsBefore.key, run.slotsBefore.value);
       }
       if (run.ledgerBefore) ledger.restoreWatermark(lt.row, run.ledgerBefore);
       this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused", error: `withdrawn before dispatch: ${why}` });

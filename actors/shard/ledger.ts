@@ -1,5 +1,6 @@
 import { planAfter, scheduleOptionsOf, type CompiledTrigger, type TriggerSpec } from "../triggers/index.ts";
 import type { LedgerInsert, NonRunReason, TaskRow, TriggerRow } from "../store/index.ts";
+import { withSlot } from "../store/index.ts";
 import { compiledOf, nextPointer, type Pointer } from "./schedule.ts";
 
 /**
@@ -53,7 +54,7 @@ export function pausedAt(slots: Readonly<Record<string, number>>): number | null
 }
 
 export function notePaused(row: Pick<TaskRow, "triggerSlots">, now: number): void {
-  if (row.triggerSlots[PAUSED_KEY] === undefined) row.triggerSlots = { ...row.triggerSlots, [PAUSED_KEY]: now };
+  if (row.triggerSlots[PAUSED_KEY] === undefined) row.triggerSlots = withSlot(row.triggerSlots, PAUSED_KEY, now);
 }
 
 /** A copy of the watermark entry, to give back when a run's slot is withdrawn (see restoreWatermark). */
@@ -65,20 +66,16 @@ export function saveWatermark(slots: Readonly<Record<string, number>>, triggerId
 export function restoreWatermark(row: Pick<TaskRow, "triggerSlots">, saved: { key: string; value: number | undefined }): void {
   const cur = row.triggerSlots[saved.key];
   if (cur !== undefined && saved.value !== undefined && saved.value > cur) return;
-  const slots = { ...row.triggerSlots };
-  if (saved.value === undefined) delete slots[saved.key]; else slots[saved.key] = saved.value;
-  row.triggerSlots = slots;
+  row.triggerSlots = withSlot(row.triggerSlots, saved.key, saved.value);
 }
 
 export function clearPaused(row: Pick<TaskRow, "triggerSlots">): void {
   if (row.triggerSlots[PAUSED_KEY] === undefined) return;
-  const slots = { ...row.triggerSlots };
-  delete slots[PAUSED_KEY];
-  row.triggerSlots = slots;
+  row.triggerSlots = withSlot(row.triggerSlots, PAUSED_KEY, undefined);
 }
 
 function setWatermark(row: Pick<TaskRow, "triggerSlots">, triggerId: number, ms: number): void {
-  row.triggerSlots = { ...row.triggerSlots, [WKEY + triggerId]: ms };
+  row.triggerSlots = withSlot(row.triggerSlots, WKEY + triggerId, ms);
 }
 
 /** The first slot of a trigger that has never fired (the same rule as planAfter). */

@@ -3,6 +3,7 @@ import {
   compileTrigger, planAfter, planNowOf, runsKey, runsTaken, scheduleEnded, scheduleOptionsOf, shapePointer, windowed, type CompiledTrigger, type TriggerSpec,
 } from "../triggers/index.ts";
 import type { RunSource, TaskRow, TriggerRow } from "../store/index.ts";
+import { withSlot } from "../store/index.ts";
 
 /**
  * Pure scheduling decisions. A task has one "next due" pointer (time, slot, trigger, source,
@@ -191,7 +192,7 @@ export function countTaken(task: Pick<TaskRow, "triggers" | "triggerSlots">, tri
   const tr = triggerId === null ? undefined : task.triggers.find((t) => t.id === triggerId);
   if (!tr || scheduleOptionsOf(tr.spec)?.maxRuns === undefined) return task.triggerSlots;
   const key = runsKey(tr.id);
-  return { ...task.triggerSlots, [key]: (task.triggerSlots[key] ?? 0) + 1 };
+  return withSlot(task.triggerSlots, key, (task.triggerSlots[key] ?? 0) + 1);
 }
 
 /** Exponential backoff from `baseMs`, capped, with equal jitter (half fixed, half random). */

@@ -1,4 +1,5 @@
 import type { MisfirePolicy, OverlapPolicy, TaskRow, TriggerRow } from "../store/index.ts";
+import { editSlots } from "../store/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 
 /**
@@ -37,10 +38,11 @@ export function applyDefinitionChange(row: TaskRow, change: DefinitionChange, no
   let unlinked: number[] = [];
   if (f.triggers) {
     unlinked = row.triggers.map((t) => t.id);
-    const slots: Record<string, number> = { ...row.triggerSlots };
-    for (const id of unlinked) delete slots[String(id)];
-    for (const tr of f.triggers) if (tr.kind === "cron" || tr.kind === "fixed_rate") slots[String(tr.id)] = nowMs;
-    row.triggerSlots = slots;
+    const added = f.triggers;
+    row.triggerSlots = editSlots(row.triggerSlots, (slots) => {
+      for (const id of unlinked) delete slots[String(id)];
+      for (const tr of added) if (tr.kind === "cron" || tr.kind === "fixed_rate") slots[String(tr.id)] = nowMs;
+    });
     row.triggers = f.triggers;
   }
   if (f.executor !== undefined) row.executor = f.executor;

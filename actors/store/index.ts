@@ -3,6 +3,7 @@ export { findCycle } from "./graph.ts";
 export type { BrowseReads, TaskFilter } from "./browseReads.ts";
 export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";
 export { DueIndex } from "./dueIndex.ts";
+export { copySlots, editSlots, slotsFromText, withSlot, type TriggerSlots } from "./slots.ts";
 export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts";
 export type { AuditRow, AuditTrail } from "./audit.ts";
 export type { HistoryRow, TaskHistory } from "./history.ts";

@@ -1,10 +1,11 @@
 import type pg from "pg";
 import { InvalidInputError } from "../../common/index.ts";
 import { fullRecord } from "./recordCodec.ts";
+import { slotsFromText } from "./slots.ts";
 import type { TaskRow, TriggerRow } from "./types.ts";
 
 const TASK_COLS = `t.id, t.name, t.executor, t.payload, t.timeout_ms, t.max_attempts, t.backoff_ms, t.backoff_max_ms,
-  t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
+  t.misfire, t.overlap, t.shard, t.state, t.record, t.trigger_slots::text as trigger_slots, t.next_due_ms, t.next_slot_ms, t.next_trigger_id,
   t.next_source, t.next_reason, t.next_caused_by, t.created_ms, t.updated_ms, t.generation, t.apply_set,
   t.trigger_set as triggers,
   case when t.dep_flags & 1 <> 0 then (select array_agg(d.upstream order by d.upstream) from dependencies d where d.downstream = t.id) end as upstreams,
@@ -18,7 +19,7 @@ function toTask(r: Row): TaskRow {
     timeoutMs: r.timeout_ms as number, maxAttempts: r.max_attempts as number, backoffMs: r.backoff_ms as number,
     backoffMaxMs: r.backoff_max_ms as number, misfire: r.misfire as TaskRow["misfire"], overlap: r.overlap as TaskRow["overlap"],
     shard: r.shard as number, state: r.state as string,
-    record: fullRecord(r.record, r.state as string, r.overlap as string, r.max_attempts as number), triggerSlots: (r.trigger_slots ?? {}) as Record<string, number>,
+    record: fullRecord(r.record, r.state as string, r.overlap as string, r.max_attempts as number), triggerSlots: slotsFromText(r.trigger_slots as string | null),
     nextDueMs: r.next_due_ms as number | null, nextSlotMs: r.next_slot_ms as number | null,
     nextTriggerId: r.next_trigger_id as number | null, nextSource: r.next_source as TaskRow["nextSource"],
     nextReason: r.next_reason as string | null, nextCausedBy: r.next_caused_by as string | null,
