@@ -4,7 +4,7 @@ import type { DueIndex, Store } from "../store/index.ts";
 
 /**
  * What the wheel holds for a shard:
- * k 0: a task's due time (`due`; the entry is placed `leadMs` before it, see schedule());
+ * k 0: a task's due time (`due`; the entry is placed `leadMs` before it, on the decision grid, see schedule());
  * k 1: a run's timeout.
  */
 export type WheelItem = { k: 0; id: number; due: number } | { k: 1; runId: string };
@@ -29,6 +29,14 @@ export interface HorizonOptions {
   refillEveryMs?: number;
   /** How long before its due time a task's run is decided (default 100 ms, at most half the horizon). */
   leadMs?: number;
+  /**
+   * The decision grid (default 0: none). Entries placed ahead are placed at the last multiple of
+   * it (wall-clock epoch ms) at or before `due - leadMs`, so a shard decides the runs due in one
+   * step together, between `leadMs` and `leadMs + decideStepMs` ahead, and every shard of a node
+   * on the same instants (one round each, written in one batch) instead of at every tick.
+   * At most `leadMs`.
+   */
+  decideStepMs?: number;
   random?: () => number;
   /** Entries that came due on the wheel (tasks and timeouts), one call per tick. */
   onDue: (items: Array<{ dueMs: number; item: WheelItem }>, lateMs: number) => void;
@@ -46,6 +54,7 @@ export interface HorizonOptions {
 export class Horizon {
   readonly horizonMs: number;
   readonly leadMs: number;
+  readonly decideStepMs: number;
   private readonly refillEveryMs: number;
   private readonly wheel: HashedWheel<WheelItem>;
   /**
@@ -72,6 +81,7 @@ export class Horizon {
   constructor(private readonly o: HorizonOptions) {
     this.horizonMs = o.horizonMs ?? Math.min(10_000, o.tickMs * o.wheelSize);
     this.leadMs = Math.max(0, Math.min(o.leadMs ?? 100, this.horizonMs / 2));
+    this.decideStepMs = Math.max(0, Math.min(o.decideStepMs ?? 0, this.leadMs));
     this.refillEveryMs = o.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));
     this.wheel = new HashedWheel<WheelItem>({
       tickMs: o.tickMs, size: o.wheelSize, clock: o.clock,
@@ -101,10 +111,16 @@ export class Horizon {
     if (dueMs <= this.o.clock.now() + this.horizonMs) {
       // Placed `leadMs` ahead: the run is decided and written before its due time and released
       // (published) at it by the node's round (Persister), so the write is not on the fire path.
-      this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs - this.leadMs, { k: 0, id, due: dueMs }), inRedis });
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.decideAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
     } else {
       changes.redisAdd.push({ id, dueMs });
     }
+  }
+
+  /** When a run due at `dueMs` is decided: `leadMs` ahead, rounded down to the decision grid. */
+  decideAt(dueMs: number): number {
+    const at = dueMs - this.leadMs;
+    return this.decideStepMs > 0 ? Math.floor(at / this.decideStepMs) * this.decideStepMs : at;
   }
 
   /** The task's entry on the wheel, cancelled and forgotten (undefined if it had none). */

@@ -20,6 +20,15 @@ import { liveTask, type CommandReply, type Mail, type Round, type ShardCommand, 
 
 export type { CommandReply, ShardCommand, ShardEvents } from "./types.ts";
 
+/**
+ * A node's shards decide the runs written ahead on a common 100 ms grid rather than at each
+ * 20 ms tick: the 64 shards of a busy node then run one round each per step (all in one batch
+ * write) instead of five small ones. Measured alternated against deciding at every tick, 120k
+ * runs at 8,200/s: 183 against 196 µs of CPU a run (node 88 against 95); 12k at 835/s: 894
+ * against 994 (PostgreSQL 126 against 172). A run is still never published before its due time.
+ */
+export const DECIDE_STEP_MS = 100;
+
 export interface ShardActorDeps {
   nodeId: string;
   store: Store;
@@ -50,6 +59,12 @@ export interface ShardActorDeps {
    * is published at its due time; a task with a run in flight is decided at the due time instead.
    */
   leadMs?: number;
+  /**
+   * The decision grid (see HorizonOptions.decideStepMs; default DECIDE_STEP_MS, capped at the
+   * lead): runs due within one step are decided together, between the lead and the lead plus a
+   * step ahead of their due time.
+   */
+  decideStepMs?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
   /**
@@ -157,6 +172,7 @@ export class ShardActor implements EventSink {
       shard, tickMs: deps.tickMs, wheelSize: deps.wheelSize, clock: deps.clock, log: this.log, due: deps.due, store: deps.store,
       ...(deps.horizonMs !== undefined ? { horizonMs: deps.horizonMs } : {}), ...(deps.refillEveryMs !== undefined ? { refillEveryMs: deps.refillEveryMs } : {}),
       ...(deps.leadMs !== undefined ? { leadMs: deps.leadMs } : {}), ...(deps.random ? { random: deps.random } : {}),
+      decideStepMs: deps.decideStepMs ?? DECIDE_STEP_MS,
       onDue: (items, lateMs) => this.tell({ t: "due", items, lateMs }),
       onRefilled: (items) => this.tell({ t: "refilled", items }),
       active: () => this.state === "active",

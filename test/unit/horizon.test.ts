@@ -8,7 +8,7 @@ import { Horizon, type DueIndexChanges, type WheelItem } from "../../actors/shar
  * index here is a sorted list in memory standing in for Redis' sorted set: these tests are
  * about the horizon's bookkeeping, the real index has its own (test/integration).
  */
-function setup(opts: { horizonMs?: number; leadMs?: number; builtAfterRebuild?: boolean } = {}) {
+function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: number; builtAfterRebuild?: boolean } = {}) {
   const clock = new SimulatedClock();
   const index = new Map<number, number>(); // task → due, the "Redis" side
   const pgDue: Array<{ id: number; dueMs: number }> = []; // what a rebuild reads from PostgreSQL
@@ -19,6 +19,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; builtAfterRebuild?: 
   const h = new Horizon({
     shard: 0, tickMs: 10, wheelSize: 512, clock, log: silentLogger,
     horizonMs: opts.horizonMs ?? 2000, leadMs: opts.leadMs ?? 100, random: () => 0,
+    ...(opts.decideStepMs !== undefined ? { decideStepMs: opts.decideStepMs } : {}),
     due: {
       rebuild: async (_s: number, entries: ReadonlyArray<{ id: number; dueMs: number }>) => {
         built.rebuilds++;
@@ -64,6 +65,41 @@ describe("shard horizon", () => {
     const expectedAt = Math.max(start, due - 100);
     expect(came[0]!.at).toBeGreaterThanOrEqual(expectedAt);
     expect(came[0]!.at).toBeLessThanOrEqual(expectedAt + 20);
+  });
+
+  it("the decision grid: 400 random due times each come up between lead and lead + step ahead, on a step boundary (seed 5)", () => {
+    const { clock, h, changes, came } = setup({ decideStepMs: 100 });
+    let x = 5;
+    const rnd = () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x / 2 ** 32; };
+    const start = clock.now();
+    const dues = new Map<number, number>();
+    for (let id = 1; id <= 400; id++) { const due = start + 150 + Math.floor(rnd() * 1800); dues.set(id, due); h.schedule(changes(), id, due); }
+    h.start();
+    clock.advance(2100);
+    expect(came).toHaveLength(400);
+    for (const c of came) {
+      const it0 = c.item as { k: 0; id: number; due: number };
+      expect(it0.due).toBe(dues.get(it0.id));
+      const boundary = Math.floor((it0.due - 100) / 100) * 100;
+      expect(h.decideAt(it0.due)).toBe(boundary);
+      // Came up on the tick of its boundary (10 ms ticks), never later than lead ahead of its due time.
+      expect(c.at).toBeGreaterThanOrEqual(boundary);
+      expect(c.at).toBeLessThan(boundary + 10 + 1);
+      expect(it0.due - c.at).toBeGreaterThan(100 - 10);
+      expect(it0.due - c.at).toBeLessThanOrEqual(200);
+    }
+    // One instant per step: the runs due within a step are decided together.
+    const instants = new Set(came.map((c) => Math.floor((c.item as { due: number }).due / 100)));
+    const atTimes = new Set(came.map((c) => c.at));
+    expect(atTimes.size).toBeLessThanOrEqual(instants.size + 1);
+  });
+
+  it("the decision grid is at most the lead; no lead, no grid", () => {
+    expect(setup({ decideStepMs: 100, leadMs: 40 }).h.decideStepMs).toBe(40);
+    const none = setup({ decideStepMs: 100, leadMs: 0 }).h;
+    expect(none.decideStepMs).toBe(0);
+    expect(none.decideAt(123_457)).toBe(123_457);
+    expect(setup().h.decideAt(123_457)).toBe(123_357); // default: no grid, exactly lead ahead
   });
 
   it("unschedule: removes from Redis only what Redis may hold", () => {
