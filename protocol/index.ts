@@ -2,6 +2,7 @@ export {
   DispatchBatchSchema, DispatchRunSchema, EventBatchSchema, EventBatchV1Schema, EventBatchV2Schema, RunEventSchema, OutcomeSchema, OutcomeBatchSchema, DependencyTriggerSchema, FailureSchema,
   RunSourceSchema, WIRE_SCHEMAS, MAX_RESULT_BYTES, decode, encode,
   type DispatchBatch, type DispatchBatchV2, type DispatchRun, type EventBatch, type EventBatchV1, type RunEvent, type Outcome, type OutcomeBatch, type DependencyTrigger, type Failure, type Decoded,
+  decodeEventBatchV1, decodeEventBatchV2,
 } from "./messages.ts";
 export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
 export {

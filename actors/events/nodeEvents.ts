@@ -1,7 +1,7 @@
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Clock, Logger, Names } from "../../common/index.ts";
 import {
-  EventBatchV2Schema, NODE_EVENTS_CONSUMER_RE, decode, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
+  NODE_EVENTS_CONSUMER_RE, decodeEventBatchV2, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 
 /**
@@ -84,7 +84,7 @@ export class NodeEvents {
   }
 
   private onMessage(m: JsMsg): void {
-    const dec = decode(EventBatchV2Schema, m.data);
+    const dec = decodeEventBatchV2(m.data);
     if (!dec.ok) {
       this.refused(dec.reason, m.seq);
       if (this.d.dead) void this.d.dead.park(m, "node-events", "malformed", `malformed event batch: ${dec.reason}`); else m.term();
@@ -135,7 +135,7 @@ export class NodeEvents {
         let got = 0;
         for await (const m of batch) {
           got++;
-          const dec = decode(EventBatchV2Schema, m.data);
+          const dec = decodeEventBatchV2(m.data);
           if (!dec.ok) { this.refused(dec.reason, m.seq); m.term(); continue; }
           try {
             await Promise.all([...splitByShard(dec.value.events)].map(([shard, events]) =>

@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type ConsumerMessages, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, EventBatchV1Schema, decode, ensureShardConsumer,
+  DependencyTriggerSchema, decode, decodeEventBatchV1, ensureShardConsumer,
   type DeadCause, type DeadLetters, type DependencyTrigger, type RunEvent,
 } from "../../protocol/index.ts";
 
@@ -44,7 +44,7 @@ export class ShardConsumers {
     const trMsgs = await this.d.js.consumers.getConsumerFromInfo(infos.triggers).consume({ max_messages: 64, abort_on_missing_resource: true, ...expires });
     this.messages.push(evMsgs, trMsgs);
     this.loop("event", evMsgs, (m) => {
-      const dec = decode(EventBatchV1Schema, m.data);
+      const dec = decodeEventBatchV1(m.data);
       if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); return; }
       if (dec.value.shard !== this.d.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.d.shard}'s subject`); return; }
       // Failed on every delivery so far (each failure restarted the shard): parked, not tried again.
