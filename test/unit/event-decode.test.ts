@@ -66,7 +66,7 @@ describe("event batches decoded by hand agree with their zod schemas", () => {
       for (let k = 0; k < n; k++) mutate(r, b);
       const data = new TextEncoder().encode(JSON.stringify(b));
       const byHand = v === 1 ? decodeEventBatchV1(data) : decodeEventBatchV2(data);
-      const byZod = decode(v === 1 ? EventBatchV1Schema : EventBatchV2Schema, data);
+      const byZod = v === 1 ? decode(EventBatchV1Schema, data) : decode(EventBatchV2Schema, data);
       expect(byHand.ok).toBe(byZod.ok);
       if (byHand.ok && byZod.ok) expect(byHand.value).toEqual(byZod.value); else if (!byHand.ok && !byZod.ok) { expect(byHand.reason).toBe(byZod.reason); refused++; }
       if (n === 0) fastOk++;
