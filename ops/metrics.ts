@@ -26,6 +26,22 @@ export interface MetricSources {
  * result (never a task name or run id). Per-scrape gauges read `sources` (set by the node once
  * it runs).
  */
+/**
+ * A metric's child for two label values, looked up once per pair: given labels, inc() and
+ * observe() build a key from the sorted label object on every call, and the node counts every
+ * run that fires and ends. Only for metrics that are never reset (a reset orphans kept children).
+ */
+export function childrenOf<C>(labels: (a: string, b: string) => C): (a: string, b: string) => C {
+  const byFirst = new Map<string, Map<string, C>>();
+  return (a, b) => {
+    let m = byFirst.get(a);
+    if (!m) { m = new Map(); byFirst.set(a, m); }
+    let c = m.get(b);
+    if (c === undefined) { c = labels(a, b); m.set(b, c); }
+    return c;
+  };
+}
+
 export function createMetrics() {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });

@@ -9,7 +9,7 @@ import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHan
 import { Api } from "./api.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
-import { createMetrics, type Metrics } from "./metrics.ts";
+import { childrenOf, createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
 import { DependencyHealth, type Dependency } from "./health.ts";
 import { AlertDispatcher } from "./alerts.ts";
@@ -53,6 +53,10 @@ export class AxNode {
   readonly clock: Clock;
   readonly log: Logger;
   readonly metrics: Metrics;
+  /** The per-run counters' children, by label values (see childrenOf). */
+  private readonly firedOf: (source: string, executor: string) => { inc(): void };
+  private readonly finishedOf: (outcome: string, executor: string) => { inc(): void };
+  private readonly durationOf: (executor: string, outcome: string) => { observe(v: number): void };
   store!: Store;
   due!: DueIndex;
   nc!: NatsConnection;
@@ -89,6 +93,9 @@ export class AxNode {
     this.clock = opts.clock ?? new SystemClock();
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
     this.metrics = createMetrics();
+    this.firedOf = childrenOf((source, executor) => this.metrics.fired.labels(source, executor));
+    this.finishedOf = childrenOf((outcome, executor) => this.metrics.finished.labels(outcome, executor));
+    this.durationOf = childrenOf((executor, outcome) => this.metrics.duration.labels(executor, outcome));
     this.refusals = new RefusalLog(this.log, this.metrics.refused);
     // Once per consumer/cause a minute, with the count since: a flood of poison is one line.
     this.deadLog = new RefusalLog(this.log, this.metrics.deadLetters, 60_000, () => Date.now(), "message parked as a dead letter");
@@ -274,10 +281,10 @@ export class AxNode {
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
-        "run:fired": (e) => { this.metrics.fired.inc({ source: e.source, executor: e.executor }); this.firedWindow.add(this.clock.monotonic()); },
+        "run:fired": (e) => { this.firedOf(e.source, e.executor).inc(); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => {
-          this.metrics.finished.inc({ outcome: e.state, executor: e.executor });
-          if (e.durationMs !== null) this.metrics.duration.observe({ executor: e.executor, outcome: e.state }, e.durationMs / 1000);
+          this.finishedOf(e.state, e.executor).inc();
+          if (e.durationMs !== null) this.durationOf(e.executor, e.state).observe(e.durationMs / 1000);
           if (e.final && e.state !== "success") {
             this.metrics.finalFailures.inc({ executor: e.executor });
             if (e.task !== null) this.alerts.notify({ kind: "failed", task: e.task, executor: e.executor, runId: e.runId, reason: `${e.state}: ${e.error ?? ""}`, atMs: this.clock.now() });
