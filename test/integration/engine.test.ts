@@ -76,6 +76,36 @@ describe("engine v2", () => {
     }
   });
 
+  it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, 100-200 ms ahead", async () => {
+    tc = new TestCluster("engg");
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    await tc.startNode("g1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", recordInto(starts));
+    await ex.registered;
+    const client = await tc.client();
+    const t0 = Date.now() + 2000;
+    // Due times spread over 2 s at odd offsets, so that without the grid the decision instants
+    // (due - 100 ms) would fall anywhere within their step.
+    const tasks = Array.from({ length: 40 }, (_, i) => ({ name: `g${i}`, executor: "w", at: new Date(t0 + i * 50 + ((i * 37) % 50)).toISOString() }));
+    await client.call("task.bulkCreate", { tasks });
+    await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 20_000, "every run recorded as done");
+    let onGrid = 0;
+    for (const t of tasks) {
+      const [run] = await runsOf(store, t.name);
+      const due = Date.parse(t.at);
+      const boundary = Math.floor((due - 100) / 100) * 100;
+      expect(run!.firedMs).toBe(due);
+      expect(run!.createdMs, `${t.name} decided before its step`).toBeGreaterThanOrEqual(boundary);
+      expect(run!.createdMs, `${t.name} decided less than the lead ahead`).toBeLessThanOrEqual(due);
+      if (run!.createdMs - boundary < 60) onGrid++;
+    }
+    // Without the grid about half would be decided 60 ms or more after their step's boundary (19 of 40 here).
+    expect(onGrid).toBeGreaterThanOrEqual(32);
+    for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(s.scheduledAt);
+  });
+
   it("a pause before the due time withdraws the recorded run; resume catches the slot up once", async () => {
     tc = new TestCluster("engp", { AX_LEAD: "2s" });
     store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
