@@ -106,6 +106,12 @@ export function nextPointer(task: Pick<TaskRow, "triggers" | "triggerSlots" | "m
   const taskId = task.id ?? null;
   for (const tr of task.triggers) {
     if (!tr.enabled) continue;
+    // A one-shot trigger whose slot is recorded has no next slot: answered without compiling and
+    // planning it (every one-shot run's fire and end asked, a twentieth of the node's allocations).
+    if (tr.kind === "once") {
+      const last = task.triggerSlots[String(tr.id)];
+      if (last !== undefined && last >= (tr.spec as { atMs: number }).atMs) continue;
+    }
     let p: Pointer | null;
     try {
       // Jitter, window, max runs (docs/TRIGGERS.md): the trigger seen through its options.

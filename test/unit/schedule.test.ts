@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { TriggerStuckError, backoffMs, compileTrigger, isTriggerStuck, nextPointer, type CompiledTrigger, type TaskRow } from "../../actors/index.ts";
+import { TriggerStuckError, backoffMs, compileTrigger, isTriggerStuck, nextPointer, type CompiledTrigger, type TaskRow, type TriggerRow, type TriggerSpec } from "../../actors/index.ts";
 
 type T = Pick<TaskRow, "triggers" | "triggerSlots" | "misfire" | "createdMs">;
 const rate = (everyMs: number, anchorMs: number, misfire: T["misfire"] = "once", slots: Record<string, number> = {}): T => ({
@@ -37,6 +37,35 @@ describe("next pointer", () => {
   it("picks the earliest of several triggers and ignores disabled ones", () => {
     const t: T = { ...rate(1000, 0), triggers: [...rate(1000, 0).triggers, { id: 3, kind: "once", spec: { kind: "once", atMs: 300 }, enabled: true }, { id: 4, kind: "once", spec: { kind: "once", atMs: 100 }, enabled: false }] };
     expect(nextPointer(t, 0)).toMatchObject({ dueMs: 300, triggerId: 3, source: "once" });
+  });
+});
+
+describe("one-shot triggers", () => {
+  const once = (atMs: number, slots: Record<string, number>): T => ({ triggers: [{ id: 7, kind: "once", spec: { kind: "once", atMs }, enabled: true }], triggerSlots: slots, misfire: "once", createdMs: 0 });
+  const broken = (): CompiledTrigger => { throw new Error("compiled"); };
+
+  it("a fired one-shot has no next pointer, answered without compiling it", () => {
+    expect(nextPointer(once(5000, { "7": 5000 }), 6000, { compile: broken })).toBeNull();
+    expect(nextPointer(once(5000, { "7": 5000 }), 1000, { compile: broken })).toBeNull();
+  });
+
+  it("300 random one-shots: the answer is the full computation's (seed 3)", () => {
+    let x = 3;
+    const rnd = () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x / 2 ** 32; };
+    for (let i = 0; i < 300; i++) {
+      const atMs = 10_000 + Math.floor(rnd() * 10_000);
+      const now = Math.floor(rnd() * 30_000);
+      const slot = [undefined, atMs, atMs - 1 - Math.floor(rnd() * 5000), atMs + 1 + Math.floor(rnd() * 5000)][Math.floor(rnd() * 4)];
+      const slots: Record<string, number> = slot === undefined ? {} : { "7": slot };
+      let compiled = 0;
+      const counting = (tr: TriggerRow): CompiledTrigger => { compiled++; return compileTrigger(tr.spec as TriggerSpec); };
+      const got = nextPointer(once(atMs, slots), now, { compile: counting });
+      if (slot !== undefined && slot >= atMs) { expect(got).toBeNull(); expect(compiled).toBe(0); continue; }
+      // Not fired yet: planned as before (its own slot, or a catch-up for it once it has passed).
+      expect(compiled).toBe(1);
+      expect(got).not.toBeNull();
+      expect(got!.slotMs).toBe(atMs);
+    }
   });
 });
 
