@@ -42,8 +42,28 @@ export function childrenOf<C>(labels: (a: string, b: string) => C): (a: string, 
   };
 }
 
+/**
+ * Counts kept by label pair and added to their counter when it is read (its collect()): inc()
+ * hashes the label set on every call, a labelled child's too, and the node counts every run that
+ * fires and every run that ends. A scrape sees every count added before it.
+ */
+export class PairTally {
+  private readonly byFirst = new Map<string, Map<string, number>>();
+  add(a: string, b: string): void {
+    let m = this.byFirst.get(a);
+    if (!m) { m = new Map(); this.byFirst.set(a, m); }
+    m.set(b, (m.get(b) ?? 0) + 1);
+  }
+  /** Hands over every count added since the last drain. */
+  drain(into: (a: string, b: string, n: number) => void): void {
+    for (const [a, m] of this.byFirst) for (const [b, n] of m) if (n > 0) { into(a, b, n); m.set(b, 0); }
+  }
+}
+
 export function createMetrics() {
   const registry = new Registry();
+  const firedTally = new PairTally();
+  const finishedTally = new PairTally();
   collectDefaultMetrics({ register: registry });
   // prom-client also exposes three gauges named `_total`, which promtool refuses ("non-counter
   // metrics should not have _total suffix"); the same numbers stay, by type, in
@@ -53,8 +73,14 @@ export function createMetrics() {
   return {
     registry,
     sources,
-    fired: new Counter({ name: "ax_runs_fired_total", help: "Runs dispatched, by source and executor", labelNames: ["source", "executor"], registers: [registry] }),
-    finished: new Counter({ name: "ax_runs_finished_total", help: "Runs ended, by outcome (success, failed, timed_out) and executor", labelNames: ["outcome", "executor"], registers: [registry] }),
+    fired: new Counter({ name: "ax_runs_fired_total", help: "Runs dispatched, by source and executor", labelNames: ["source", "executor"], registers: [registry],
+      collect() { firedTally.drain((source, executor, n) => this.inc({ source, executor }, n)); } }),
+    /** Counted per run (source, executor); read into `fired` at each scrape. */
+    firedTally,
+    finished: new Counter({ name: "ax_runs_finished_total", help: "Runs ended, by outcome (success, failed, timed_out) and executor", labelNames: ["outcome", "executor"], registers: [registry],
+      collect() { finishedTally.drain((outcome, executor, n) => this.inc({ outcome, executor }, n)); } }),
+    /** Counted per run (outcome, executor); read into `finished` at each scrape. */
+    finishedTally,
     finalFailures: new Counter({ name: "ax_runs_failed_final_total", help: "Runs that failed with no retries left, by executor", labelNames: ["executor"], registers: [registry] }),
     skipped: new Counter({ name: "ax_slots_missed_total", help: "Scheduled slots not fired (previous run still in flight with overlap=forbid, or refused: executor full), by executor and reason", labelNames: ["executor", "reason"], registers: [registry] }),
     upstreamFailed: new Counter({ name: "ax_tasks_upstream_failed_total", help: "Tasks marked upstream_failed, by executor", labelNames: ["executor"], registers: [registry] }),

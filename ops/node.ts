@@ -53,9 +53,7 @@ export class AxNode {
   readonly clock: Clock;
   readonly log: Logger;
   readonly metrics: Metrics;
-  /** The per-run counters' children, by label values (see childrenOf). */
-  private readonly firedOf: (source: string, executor: string) => { inc(): void };
-  private readonly finishedOf: (outcome: string, executor: string) => { inc(): void };
+  /** The run duration histogram's children, by label values (see childrenOf). */
   private readonly durationOf: (executor: string, outcome: string) => { observe(v: number): void };
   store!: Store;
   due!: DueIndex;
@@ -93,8 +91,6 @@ export class AxNode {
     this.clock = opts.clock ?? new SystemClock();
     this.log = (opts.logger ?? createLogger({ level: opts.config.logLevel })).child({ node: this.id, ns: opts.config.namespace });
     this.metrics = createMetrics();
-    this.firedOf = childrenOf((source, executor) => this.metrics.fired.labels(source, executor));
-    this.finishedOf = childrenOf((outcome, executor) => this.metrics.finished.labels(outcome, executor));
     this.durationOf = childrenOf((executor, outcome) => this.metrics.duration.labels(executor, outcome));
     this.refusals = new RefusalLog(this.log, this.metrics.refused);
     // Once per consumer/cause a minute, with the count since: a flood of poison is one line.
@@ -281,9 +277,9 @@ export class AxNode {
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
       onFenced: () => { forget(); void this.supervisor.dropShard(shard, epoch); },
       events: {
-        "run:fired": (e) => { this.firedOf(e.source, e.executor).inc(); this.firedWindow.add(this.clock.monotonic()); },
+        "run:fired": (e) => { this.metrics.firedTally.add(e.source, e.executor); this.firedWindow.add(this.clock.monotonic()); },
         "run:finished": (e) => {
-          this.finishedOf(e.state, e.executor).inc();
+          this.metrics.finishedTally.add(e.state, e.executor);
           if (e.durationMs !== null) this.durationOf(e.executor, e.state).observe(e.durationMs / 1000);
           if (e.final && e.state !== "success") {
             this.metrics.finalFailures.inc({ executor: e.executor });
