@@ -35,15 +35,22 @@ async function runsOf(s: Store, task: string) {
   return t ? s.listRuns(t.id, 50) : [];
 }
 
+/** One node with every shard, and executor `w` noting each run's start: where most tests here begin. */
+async function oneNode(prefix: string, nodeId: string, env: Record<string, string> = {}) {
+  tc = new TestCluster(prefix, env);
+  store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+  const starts: Start[] = [];
+  await tc.startNode(nodeId);
+  await tc.waitForShards();
+  const ex = await tc.startExecutor("w", recordInto(starts));
+  await ex.registered;
+  // Returned as well, non-null, for the test to use (afterEach closes the module's copies).
+  return { tc, store, starts, client: await tc.client() };
+}
+
 describe("engine v2", () => {
   it("records runs ahead of their due time, releases them at it (never early) in messages carrying several shards", async () => {
-    tc = new TestCluster("eng", { AX_LEAD: "1500ms" });
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    await tc.startNode("e1");
-    await tc.waitForShards();
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    await ex.registered;
+    const { tc, store, starts, client } = await oneNode("eng", "e1", { AX_LEAD: "1500ms" });
     nc = await connect({ servers: tc.config.natsUrl });
     const messages: Array<{ v: number; shards: number[]; at: number }> = [];
     nc.subscribe(names(tc.ns).dispatchSubject("w"), {
@@ -52,7 +59,6 @@ describe("engine v2", () => {
         if (d.ok) messages.push({ v: d.value.v, shards: d.value.v === 2 ? d.value.runs.map((r) => r.shard) : [d.value.shard], at: Date.now() });
       },
     });
-    const client = await tc.client();
     const due = Date.now() + 4000;
     const at = new Date(due).toISOString();
     const tasks = Array.from({ length: 24 }, (_, i) => ({ name: `a${i}`, executor: "w", at }));
@@ -77,14 +83,7 @@ describe("engine v2", () => {
   });
 
   it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, 100-200 ms ahead", async () => {
-    tc = new TestCluster("engg");
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    await tc.startNode("g1");
-    await tc.waitForShards();
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    await ex.registered;
-    const client = await tc.client();
+    const { store, starts, client } = await oneNode("engg", "g1");
     const t0 = Date.now() + 2000;
     // Due times spread over 2 s at odd offsets, so that without the grid the decision instants
     // (due - 100 ms) would fall anywhere within their step.
@@ -107,14 +106,7 @@ describe("engine v2", () => {
   });
 
   it("a pause before the due time withdraws the recorded run; resume catches the slot up once", async () => {
-    tc = new TestCluster("engp", { AX_LEAD: "2s" });
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    await tc.startNode("p1");
-    await tc.waitForShards();
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    await ex.registered;
-    const client = await tc.client();
+    const { store, starts, client } = await oneNode("engp", "p1", { AX_LEAD: "2s" });
     const due = Date.now() + 5000;
     await client.call("task.create", { name: "held", executor: "w", at: new Date(due).toISOString() });
     const recorded = await waitFor(async () => (await runsOf(store!, "held")).find((r) => r.state === "running"), 6000, "run recorded ahead of its due time");
@@ -214,14 +206,7 @@ describe("engine v2", () => {
   });
 
   it("a node that is behind (busy past a slot) fires the slot as itself: no re-dating as a misfire, and misfire=skip does not drop it", async () => {
-    tc = new TestCluster("engb", { AX_LEASE_TTL: "10s" }); // the busy spell stays well inside the lease: behind, not gone
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    await tc.startNode("b1");
-    await tc.waitForShards();
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    await ex.registered;
-    const client = await tc.client();
+    const { store, starts, client } = await oneNode("engb", "b1", { AX_LEASE_TTL: "10s" }); // the busy spell stays well inside the lease: behind, not gone
     const due = Date.now() + 3000;
     await client.call("task.create", { name: "behind", executor: "w", at: new Date(due).toISOString(), misfire: "skip" });
     await sleep(Math.max(0, due - 500 - Date.now()));
