@@ -27,9 +27,10 @@ export interface MetricSources {
  * it runs).
  */
 /**
- * A metric's child for two label values, looked up once per pair: given labels, inc() and
- * observe() build a key from the sorted label object on every call, and the node counts every
- * run that fires and ends. Only for metrics that are never reset (a reset orphans kept children).
+ * A metric's child for two label values, looked up once per pair (the run duration histogram,
+ * observed at every run's end): the label object is not built again on each call. prom-client
+ * still hashes the labels inside a child's observe(); the run counters avoid that with PairTally.
+ * Only for metrics that are never reset (a reset orphans kept children).
  */
 export function childrenOf<C>(labels: (a: string, b: string) => C): (a: string, b: string) => C {
   const byFirst = new Map<string, Map<string, C>>();
