@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
-import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
+import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, isInt, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
 
@@ -110,7 +110,6 @@ interface ActiveRun {
 }
 
 const RUN_SOURCES = new Set(DispatchRunSchema.shape.source.options as readonly string[]);
-const isInt = (v: unknown, min: number): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= min;
 const utf8 = new TextDecoder();
 
 /**

@@ -6,7 +6,8 @@ import { z } from "zod";
  * a node's event loop. `v` is the wire version; readers refuse versions they do not know.
  */
 /** Printable ASCII: run ids are ours (newRunId, derivedRunId); anything else (a NUL, a control character) is forged. */
-const runId = z.string().min(1).max(128).regex(/^[\x21-\x7e]+$/, "a run id is printable ASCII");
+const RUN_ID_RE = /^[\x21-\x7e]+$/;
+const runId = z.string().min(1).max(128).regex(RUN_ID_RE, "a run id is printable ASCII");
 /** Error texts executors report are cut to this many characters. */
 export const MAX_ERROR_TEXT = 4096;
 /**
@@ -205,9 +206,10 @@ const EVENT_TYPES = new Set(["started", "progress", "completed", "failed", "stal
 const FAILURE_KEYS = new Set(["message", "type", "nonRetryable"]);
 const BATCH_V1_KEYS = new Set(["v", "executor", "instance", "shard", "events"]);
 const BATCH_V2_KEYS = new Set(["v", "executor", "instance", "node", "events"]);
-const RUN_ID_RE = /^[\x21-\x7e]+$/;
 
-const nat = (v: unknown, min: number): boolean => typeof v === "number" && Number.isSafeInteger(v) && v >= min;
+/** A whole number zod's `int()` takes (a safe integer), at least `min`: the hand checks' test for integer fields. */
+export const isInt = (v: unknown, min: number): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= min;
+
 /** A text the `text(max)` transform would leave as it is. */
 const plainText = (v: unknown, max: number): boolean => typeof v === "string" && v.length <= max && !v.includes("\u0000");
 function onlyKeys(o: object, keys: ReadonlySet<string>): boolean {
@@ -220,12 +222,12 @@ function isPlainEvent(x: unknown, shardRequired: boolean): boolean {
   const e = x as Record<string, unknown>;
   if (typeof e.type !== "string" || !EVENT_TYPES.has(e.type)) return false;
   if (typeof e.runId !== "string" || e.runId.length > 128 || !RUN_ID_RE.test(e.runId)) return false;
-  if (!nat(e.taskId, 1) || !nat(e.at, 0)) return false;
-  if (e.startedAt !== undefined && !nat(e.startedAt, 0)) return false;
+  if (!isInt(e.taskId, 1) || !isInt(e.at, 0)) return false;
+  if (e.startedAt !== undefined && !isInt(e.startedAt, 0)) return false;
   if (e.token !== undefined && !(typeof e.token === "string" && e.token.length <= 64)) return false;
   if (e.reason !== undefined && !plainText(e.reason, MAX_ERROR_TEXT)) return false;
   if (e.result !== undefined) return false;
-  if (shardRequired ? !nat(e.shard, 0) : e.shard !== undefined && !nat(e.shard, 0)) return false;
+  if (shardRequired ? !isInt(e.shard, 0) : e.shard !== undefined && !isInt(e.shard, 0)) return false;
   if (e.error !== undefined) {
     const f = e.error;
     if (f === null || typeof f !== "object" || Array.isArray(f) || !onlyKeys(f, FAILURE_KEYS)) return false;
@@ -241,7 +243,7 @@ function isPlainBatch(x: unknown, v: 1 | 2): boolean {
   if (x === null || typeof x !== "object" || Array.isArray(x) || !onlyKeys(x, v === 1 ? BATCH_V1_KEYS : BATCH_V2_KEYS)) return false;
   const b = x as Record<string, unknown>;
   if (b.v !== v || typeof b.executor !== "string" || typeof b.instance !== "string") return false;
-  if (v === 1 ? !nat(b.shard, 0) : typeof b.node !== "string") return false;
+  if (v === 1 ? !isInt(b.shard, 0) : typeof b.node !== "string") return false;
   if (!Array.isArray(b.events) || b.events.length < 1) return false;
   for (const e of b.events) if (!isPlainEvent(e, v === 2)) return false;
   return true;
