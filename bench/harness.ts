@@ -11,6 +11,7 @@ import { Store, DueIndex } from "../actors/index.ts";
 import { Recorder } from "./recorder.ts";
 import { crossCheck, type CrossCheckResult, type RunRowTuple } from "./crosscheck.ts";
 import { procCpuS, procRssMb } from "./proc.ts";
+import { launcherFlags } from "./launcher.ts";
 
 const ROOT = new URL("../", import.meta.url);
 
@@ -29,7 +30,7 @@ async function ensureBuilt(): Promise<void> {
 /**
  * How the node and the executor are started. Everything left undefined is the product default,
  * i.e. what `ax node` with no flags uses (AX_SHARDS 64, AX_TICK 20ms, AX_MAX_IN_FLIGHT 20000,
- * lease and heartbeat defaults, no V8 flags). Setting shards, tickMs, maxInFlight, nodeFlags or
+ * lease and heartbeat defaults, the V8 flags of bin/ax.mjs's launcher line). Setting shards, tickMs, maxInFlight, nodeFlags or
  * extraEnv makes the run an exploration (run.ts labels its rows and keeps them out of the table).
  */
 export interface AxBenchOptions {
@@ -137,11 +138,11 @@ export class AxBench {
   get nodePid(): number { return this.child.pid!; }
 
   private async startNode(): Promise<void> {
-    // As `ax node` runs once built (bin/ax.mjs) or installed: the compiled dist/, no V8 flags.
-    // --expose-gc only makes `gc()` callable (idle-1m settles the heap before reading it); it
-    // does not change how V8 collects.
+    // As `ax node` runs once built (bin/ax.mjs) or installed: the compiled dist/, with the V8
+    // flags of ax's launcher line. --expose-gc only makes `gc()` callable (idle-1m settles the
+    // heap before reading it); it does not change how V8 collects.
     await ensureBuilt();
-    const execArgv = ["--expose-gc"];
+    const execArgv = [...launcherFlags(), "--expose-gc"];
     execArgv.push(...(this.opts.nodeFlags ?? []));
     const fd = openSync(this.logPath, "w");
     this.child = fork(new URL("./node-child.mjs", import.meta.url).pathname, [], {

@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { LatencySummary, SeriesPoint } from "./recorder.ts";
+import { launcherFlags } from "./launcher.ts";
 
 /**
  * The measurement method of a row. 2: one clock (Date.now() at handler start − the bench's own due
@@ -187,8 +188,9 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
   on a busy machine; it changes nothing measured). The rows carry the table's own p99, the runs
   it shows refused at the in-flight bound and the runs it re-dated.
 - **ax at the product defaults**: the node is started as \`ax node\` with no flags starts it
-  (\`AX_SHARDS\` 64, \`AX_TICK\` 20 ms, \`AX_MAX_IN_FLIGHT\` 20000, default lease and heartbeat, no V8
-  flags; \`--expose-gc\` only makes \`gc()\` callable for idle-1m), one node in a child process, one
+  (\`AX_SHARDS\` 64, \`AX_TICK\` 20 ms, \`AX_MAX_IN_FLIGHT\` 20000, default lease and heartbeat, the V8
+  flags of \`bin/ax.mjs\`'s launcher line, \`${launcherFlags().join(" ")}\`; \`--expose-gc\` only makes
+  \`gc()\` callable for idle-1m), one node in a child process, one
   executor instance registering itself through the SDK. The executor's concurrency is the user's
   choice, like BullMQ's worker concurrency: 100 on both sides. If the default in-flight bound
   limits a scenario, that shows (refused runs, lateness) and is a finding. \`--shards\`,

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/prepare.sh
-exec node dist/ops/demo.js "$@"
+# The V8 flag of bin/ax.mjs's launcher line (the node's young generation, see there).
+exec node --max-semi-space-size=64 dist/ops/demo.js "$@"

@@ -1,10 +1,13 @@
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { pathToFileURL } from "node:url";
 import { join } from "node:path";
 import type { Command, Option } from "commander";
 import { parse, parseAllDocuments } from "yaml";
 import { describe, expect, it } from "vitest";
 import { ENV_DEFAULTS, NATS_AUTH_DOCS, OPTIONAL_DOCS, loadConfig } from "../../common/index.ts";
 import { buildProgram } from "../../ops/cli.ts";
+import { launcherFlags } from "../../bench/launcher.ts";
 
 /**
  * Docker and Kubernetes cannot run here, so the deployment files are checked for what can go
@@ -242,8 +245,10 @@ describe("deploy/systemd", () => {
     expect([...sections.keys()]).toEqual(["Unit", "Service", "Install"]);
     for (const [name, keys] of sections) for (const k of keys.keys()) expect(KEYS[name], `[${name}] ${k}`).toContain(k);
     const service = sections.get("Service")!;
-    const [bin, script, ...args] = service.get("ExecStart")!.split(/\s+/);
+    const [bin, ...rest] = service.get("ExecStart")!.split(/\s+/);
     expect(bin).toMatch(/^\/.+\/node$/);
+    // Node's own flags come before the script (the launcher's V8 flags: see launchers below).
+    const [script, ...args] = rest.filter((a, i) => !(a.startsWith("--") && rest.slice(0, i).every((b) => b.startsWith("--"))));
     const dir = service.get("WorkingDirectory")!;
     expect(script!.startsWith(`${dir}/`)).toBe(true);
     expectBuiltFrom(script!.slice(dir.length + 1), "ExecStart");
@@ -260,5 +265,33 @@ describe("deploy/systemd", () => {
     expectKnown(Object.keys(env), "ax.env.example");
     expect(() => loadConfig(env)).not.toThrow();
     expect(env.AX_HTTP_HOST).toBe("127.0.0.1");
+  });
+});
+
+describe("launchers", () => {
+  // bin/ax.mjs's launcher line carries the V8 flags the node runs with; every other way ax ships
+  // to start a node passes the same ones, and the benchmark's node takes them from that line.
+  const flags = launcherFlags();
+  const joined = flags.join(" ");
+
+  it("bin/ax.mjs names node and its flags on its launcher line", () => {
+    expect(read("bin/ax.mjs").split("\n")[0]).toBe(`#!/usr/bin/env -S node ${joined}`);
+    expect(flags).toContain("--max-semi-space-size=64");
+  });
+
+  it("the Dockerfile, the systemd unit and the demo pass the same flags", () => {
+    expect(read("Dockerfile")).toMatch(new RegExp(`^ENV NODE_OPTIONS=${joined}$`, "m"));
+    expect(read("deploy/systemd/ax-node.service")).toMatch(new RegExp(`^ExecStart=/usr/bin/node ${joined} /opt/ax/dist/ops/cli.js node `, "m"));
+    expect(read("scripts/demo.sh")).toMatch(new RegExp(`^exec node ${joined} dist/ops/demo.js`, "m"));
+  });
+
+  it("refuses a launcher line that does not start node", () => {
+    const dir = mkdtempSync(join(tmpdir(), "ax-launcher-"));
+    try {
+      writeFileSync(join(dir, "x.mjs"), "#!/bin/sh\n");
+      expect(() => launcherFlags(pathToFileURL(join(dir, "x.mjs")))).toThrow(/launcher line/);
+      writeFileSync(join(dir, "y.mjs"), "#!/usr/bin/env node\n");
+      expect(launcherFlags(pathToFileURL(join(dir, "y.mjs")))).toEqual([]);
+    } finally { rmSync(dir, { recursive: true, force: true }); }
   });
 });
