@@ -37,7 +37,9 @@ export function specWithOptions(a: Record<string, unknown>, spec: TriggerSpec | 
     for (const f of OPTION_FIELDS) if (given(a[f])) throw new InvalidInputError(f, a[f], "only with a trigger (--cron, --every, --fixed-delay, --at or --delay)");
     return null;
   }
-  if (!OPTION_FIELDS.some((f) => given(a[f]))) return spec;
+  // Named loads, not a loop over OPTION_FIELDS: `a[f]` with a varying key is a megamorphic load,
+  // ~0.15 µs each, on every task a bulk create parses.
+  if (!given(a.jitter) && !given(a.start) && !given(a.end) && !given(a.maxRuns) && !given(a.excludeCalendar)) return spec;
   const o = parseScheduleOptions({ jitter: a.jitter, start: a.start, end: a.end, maxRuns: a.maxRuns, excludeCalendar: a.excludeCalendar }, spec, compileTrigger(spec), nowMs);
   return withScheduleOptions(spec, o) as TriggerSpec;
 }

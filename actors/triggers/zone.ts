@@ -228,6 +228,4 @@ export function zoneTableStats(): { intlCalls: number; years: number } {
   return { intlCalls, years };
 }
 
-export function isoUtc(ms: number): string {
-  return new Date(ms).toISOString();
-}
+export { isoUtc } from "./civil.ts";

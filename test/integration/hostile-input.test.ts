@@ -69,6 +69,17 @@ describe("bad input gets a 4xx naming the field, never a 500 (HTTP) — the 6 ca
   });
 });
 
+describe("a bulk spec cannot reach the prototype of the spec it is merged into", () => {
+  it("a \"__proto__\" key in a spec over defaults stays a key: nothing it holds is inherited", async () => {
+    // As JSON text: "__proto__" is then an own key of the decoded spec, as a client could send it.
+    const body = '{"defaults":{"executor":"hx"},"tasks":[{"name":"proto-1","every":"1h","__proto__":{"timeout":"5s","retries":3}}]}';
+    const r = await post("task/bulkCreate", body);
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const t = await client.call<{ timeout: string; retries: number; executor: string }>("task.show", { task: "proto-1" });
+    expect({ timeout: t.timeout, retries: t.retries, executor: t.executor }).toEqual({ timeout: "30s", retries: 0, executor: "hx" });
+  });
+});
+
 describe("replies that could exceed the NATS max payload are paged", () => {
   it("attack: ax task ls --limit 100000 after bulk-creating 5,000 tasks answers them all and the node survives", async () => {
     const tasks = Array.from({ length: 5000 }, (_, i) => ({ name: `bulk-${i}`, executor: "hx", every: "1h", payload: { pad: "p".repeat(200) } }));
