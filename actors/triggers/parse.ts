@@ -17,7 +17,7 @@ export interface TriggerInput {
   delay?: string | number;
 }
 
-const KIND_FIELDS = ["cron", "every", "fixedDelay", "at", "delay"] as const;
+type TriggerKindField = "cron" | "every" | "fixedDelay" | "at" | "delay";
 
 // CLI flags and JSON bodies say "absent" as undefined or null; both mean "not given".
 const given = (v: unknown): boolean => v !== undefined && v !== null;
@@ -130,8 +130,8 @@ export function parseTrigger(input: TriggerInput, nowMs: number, opts: { pastTol
     throw new InvalidInputError("pastToleranceMs", tolerance, "must be >= 0", "AX_E_INVALID");
   }
 
-  // Named loads (input[k] over KIND_FIELDS is a megamorphic load a field, on every task created).
-  const kinds: Array<(typeof KIND_FIELDS)[number]> = [];
+  // Named loads (input[k] over a list of the fields is a megamorphic load a field, on every task created).
+  const kinds: TriggerKindField[] = [];
   if (given(input.cron)) kinds.push("cron");
   if (given(input.every)) kinds.push("every");
   if (given(input.fixedDelay)) kinds.push("fixedDelay");
