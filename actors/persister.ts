@@ -32,8 +32,13 @@ export interface PersisterDeps {
  * Release times are rounded UP to this grid: the runs due within one step share a message (a
  * JetStream publish each step and executor, not each run), and none is published before its due
  * time. A run is at most this much later than a publish at its exact time would be.
+ *
+ * 5 ms rather than 2: at 2 the node made ~580 dispatch publishes a second at 8,200 runs/s (each
+ * its own socket write, JetStream append and ack), ~14 runs each. Alternated at 5: CPU a run at
+ * 8,200/s 186 → 177 µs (NATS −5, node −5), at 835/s 906 → 733 µs; p50 +0–2 ms, p99 within the
+ * noise (bench/analysis.md, fourteenth round).
  */
-const RELEASE_STEP_MS = 2;
+const RELEASE_STEP_MS = 5;
 
 /** A dispatch that lands this much after its runs' release time is "late": their timeouts count from the landing. */
 export const LATE_LANDING_MS = 250;
