@@ -53,11 +53,18 @@ function targets(all: Stored[]): string {
   const num = (v: unknown) => (typeof v === "number" ? v : null);
   const p99 = s5?.latencyMs?.p99 ?? null; const p99b = s5b?.latencyMs?.p99 ?? null;
   const shR = sh?.ratios as { p99?: number | null; cpuUsPerRun?: number | null; vsShards?: number } | undefined;
+  // A sweep whose first step failed searched only below its start: one slow second in that step
+  // decides the row, and a ratio against it says nothing about the target either way.
+  const unsearched = (r: ResultRow | undefined, who: string): string | null => {
+    const first = (r?.sweep as Array<{ rate: number; pass: boolean }> | undefined)?.[0];
+    return first && !first.pass ? `not shown (${who}'s sweep failed its first step, ${first.rate}/s, and searched only below it)` : null;
+  };
   const within10 = (r: number | null | undefined) => r !== null && r !== undefined && r >= 1 / 1.1 && r <= 1.1;
   const rows = [
     ["seed-500k p99 ≤ 20 ms and ≤ BullMQ's, 0 lost, 0 duplicated", s5 ? `p99 ${fmt(p99)} ms (BullMQ ${fmt(p99b)}), lost ${s5.lost}, dup ${s5.duplicated}, early ${fmt(s5.early)}` : "–",
       mark(s5 ? p99 !== null && p99 <= 20 && (p99b === null || p99 <= p99b) && s5.lost === 0 && s5.duplicated === 0 && !s5.early : null)],
-    ["max-rate (p99 ≤ 100 ms) ≥ 1.5 × BullMQ's", mr ? `${fmt(mr.rate)}/s vs BullMQ ${fmt(mrb?.rate)}/s (×${fmt(mrb?.ratio)})` : "–", mark(mr && mrb ? (mr.rate ?? 0) >= 1.5 * (mrb.rate ?? Infinity) : null)],
+    ["max-rate (p99 ≤ 100 ms) ≥ 1.5 × BullMQ's", mr ? `${fmt(mr.rate)}/s vs BullMQ ${fmt(mrb?.rate)}/s (×${fmt(mrb?.ratio)})` : "–",
+      unsearched(mr, "ax") ?? unsearched(mrb, "BullMQ") ?? mark(mr && mrb ? (mr.rate ?? 0) >= 1.5 * (mrb.rate ?? Infinity) : null)],
     ["max-rate CPU per run (all processes) ≤ 80 µs", mr ? `${fmt(mr.cpuUsPerRun)} µs` : "–", mark(mr && num(mr.cpuUsPerRun) !== null ? num(mr.cpuUsPerRun)! <= 80 : null)],
     ["64 vs 4 shards: seed-500k p99 and CPU per run within 10 %", sh ? `p99 ×${fmt(shR?.p99)}, CPU per run ×${fmt(shR?.cpuUsPerRun)} (64 ÷ ${fmt(shR?.vsShards)})` : "–", mark(sh ? within10(shR?.p99) && within10(shR?.cpuUsPerRun) : null)],
     ["burst 100k: last start no later than BullMQ's", bu ? `${fmt(bu.lastStartMs)} ms vs BullMQ ${fmt(bub?.lastStartMs)} ms` : "–", mark(bu && bub && num(bu.lastStartMs) !== null && num(bub.lastStartMs) !== null ? num(bu.lastStartMs)! <= num(bub.lastStartMs)! : null)],
@@ -217,7 +224,9 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
 - **max-rate**: a bounded sweep (windows of 10 s; ×1.5 while passing, then bisection to within
   10 %, at most 12 steps or the time budget) for the highest rate with p99 ≤ 100 ms, 0 lost, 0
   duplicated, 0 early and a cross-check that agrees, after one unmeasured step at half the start
-  rate (both systems alike).
+  rate (both systems alike). A sweep whose first step fails has searched only below its start
+  (one slow second can fail a 10 s step): its row stands, but the max-rate target is then
+  reported "not shown" rather than met or missed.
 - **p99 after 5 s** = the same percentile over the runs due after the first 5 s of the run.
 - **lost** = tasks not run by the end of the measured window (30 s after the last due time; burst:
   120 s after the instant); **dup** = tasks whose handler ran more than once. Handler starts after
