@@ -45,7 +45,7 @@ const ORDER = ["seed-50k", "seed-500k", "max-rate", "burst", "shards", "idle-1m"
 const ANALYSIS = join(root, "bench", "analysis.md");
 
 /** The targets of issue 12 (engine v2), checked against the latest full-size rows of the current method. */
-function targets(all: Stored[]): string {
+export function targets(all: ReadonlyArray<Pick<Stored, "row">>): string {
   const get = (sc: string, peer?: string) => all.find((x) => x.row.scenario === sc && (x.row.peer ?? undefined) === peer)?.row;
   const mark = (ok: boolean | null) => (ok === null ? "not run" : ok ? "met" : "**not met**");
   const s5 = get("seed-500k"); const s5b = get("seed-500k", "bullmq"); const mr = get("max-rate"); const mrb = get("max-rate", "bullmq");
