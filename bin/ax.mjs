@@ -3,7 +3,7 @@
 // Dockerfile, deploy/systemd, scripts/demo.sh, the benchmark's node; test/unit/launchers.test.ts
 // keeps them equal). A node allocates ~20 KB a run, short-lived; in the default 16 MB semi-space
 // the scavenges promote much of it and the old generation collects it again. 64 MB: the node's
-// GC time −37 % and its CPU a run −9 % at 8,200 runs/s (bench/analysis.md, fourteenth round).
+// GC time −37 % and its CPU a run −8 % at 8,200 runs/s (bench/analysis.md, fourteenth round).
 // It is a ceiling: V8 grows the young generation only while allocation keeps it full.
 // Runs the compiled CLI (dist/, made by `npm run build`). In a source checkout whose dist/ is
 // missing or older than its TypeScript sources, runs the sources through tsx (a dev
