@@ -1,6 +1,6 @@
 #!/usr/bin/env -S node --max-semi-space-size=64
 // The launcher line's V8 flag is part of how ax runs (every other launcher repeats it: the
-// Dockerfile, deploy/systemd, scripts/demo.sh, the benchmark's node; test/unit/launchers.test.ts
+// Dockerfile, deploy/systemd, scripts/demo.sh, the benchmark's node; test/unit/deploy.test.ts, "launchers"
 // keeps them equal). A node allocates ~20 KB a run, short-lived; in the default 16 MB semi-space
 // the scavenges promote much of it and the old generation collects it again. 64 MB: the node's
 // GC time −37 % and its CPU a run −8 % at 8,200 runs/s (bench/analysis.md, fourteenth round).
