@@ -7,27 +7,13 @@ import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Shar
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
+import { waitingFor } from "./jetstreamReady.ts";
 import { errEnvelope, okEnvelope, type Envelope } from "./envelope.ts";
 import { RefusalLog } from "./refusals.ts";
 import { childrenOf, createMetrics, type Metrics } from "./metrics.ts";
 import { startHttp, type HttpServer } from "./http.ts";
 import { DependencyHealth, type Dependency } from "./health.ts";
 import { AlertDispatcher } from "./alerts.ts";
-
-/**
- * Runs one JetStream step of the start-up and, if JetStream does not answer, says what was
- * waited for and what to check instead of a bare `timeout`.
- */
-async function waitingFor<T>(what: string, replicas: number, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (e) {
-    const msg = String((e as Error)?.message ?? e);
-    if (e instanceof AxError || !/timeout|timed out|no responders|503|not enabled|unavailable|insufficient resources|no suitable peers/i.test(msg)) throw e;
-    throw new AxError("AX_E_UNAVAILABLE", `JetStream did not answer while ${what} (${msg}): check that nats-server runs with JetStream (-js)` +
-      (replicas > 1 ? ` and that a majority of the servers holding the namespace's streams (AX_REPLICAS=${replicas}) are up and clustered` : ""), { field: "AX_NATS_URL", cause: e });
-  }
-}
 
 const NODE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
@@ -98,6 +84,8 @@ export class AxNode {
   }
 
   get httpAddress(): string | null { return this.http?.address ?? null; }
+  /** What a start-up step against JetStream needs to wait (waitingFor). */
+  private get ready() { return { clock: this.clock, log: this.log }; }
   ownedShards(): number[] { return this.supervisor.ownedShards(); }
 
   async start(): Promise<void> {
@@ -125,14 +113,14 @@ export class AxNode {
     this.nc = await connectNats(c.nats, { name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
     connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
-    const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc));
-    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }));
-    await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount));
+    const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc), this.ready);
+    await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }), this.ready);
+    await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount), this.ready);
     const bucket = new LeaseBucket({
       nc: this.nc, jsm, name: this.names.leaseBucket, ttlMs: c.leaseTtlMs, replicas: c.replicas, log: this.log,
       maxRecordedEpoch: async () => Math.max(0, ...(await this.store.listShards()).map((s) => s.epoch)),
     });
-    await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => bucket.open());
+    await waitingFor(`creating the lease bucket ${this.names.leaseBucket}`, c.replicas, () => bucket.open(), this.ready);
     this.health = new DependencyHealth({
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat. Lost:
