@@ -6,6 +6,8 @@ const RETRY_EVERY_MS = 1000;
 
 /** JetStream's answers that may change while the node waits: no answer yet, or a cluster still forming. */
 const TRANSIENT = /timeout|timed out|no responders|503|unavailable|insufficient resources|no suitable peers/i;
+/** An answer that will not change by waiting. */
+const DEFINITIVE = /not enabled/i;
 
 /**
  * Runs a start-up step against JetStream (checking it, creating streams, consumers, the lease
@@ -23,9 +25,10 @@ export async function waitingFor<T>(what: string, replicas: number, fn: () => Pr
       return await fn();
     } catch (e) {
       const msg = String((e as Error)?.message ?? e);
-      if (e instanceof AxError || !TRANSIENT.test(msg) && !/not enabled/i.test(msg)) throw e;
+      const definitive = DEFINITIVE.test(msg);
+      if (e instanceof AxError || (!definitive && !TRANSIENT.test(msg))) throw e;
       const waited = o.clock.monotonic() - start;
-      if (/not enabled/i.test(msg) || waited >= (o.patienceMs ?? JETSTREAM_PATIENCE_MS)) {
+      if (definitive || waited >= (o.patienceMs ?? JETSTREAM_PATIENCE_MS)) {
         throw new AxError("AX_E_UNAVAILABLE", `JetStream did not answer while ${what} (${msg}): check that nats-server runs with JetStream (-js)` +
           (replicas > 1 ? ` and that a majority of the servers holding the namespace's streams (AX_REPLICAS=${replicas}) are up and clustered` : ""), { field: "AX_NATS_URL", cause: e });
       }

@@ -1,6 +1,6 @@
 import { AxError } from "../../common/index.ts";
 import {
-  compileTrigger, planAfter, planNowOf, runsKey, runsTaken, scheduleEnded, scheduleOptionsOf, shapePointer, windowed, type CompiledTrigger, type TriggerSpec,
+  compileTrigger, isoUtc, planAfter, planNowOf, runsKey, runsTaken, scheduleEnded, scheduleOptionsOf, shapePointer, windowed, type CompiledTrigger, type TriggerSpec,
 } from "../triggers/index.ts";
 import type { RunSource, TaskRow, TriggerRow } from "../store/index.ts";
 import { withSlot } from "../store/index.ts";
@@ -37,8 +37,6 @@ export function sourceOfKind(kind: TriggerRow["kind"]): RunSource {
   }
 }
 
-const iso = (ms: number) => new Date(ms).toISOString();
-
 /**
  * A task whose schedule cannot be computed: one of its triggers returned a slot that is not
  * strictly after the instant it was asked about, returned something that is not a time, or
@@ -56,7 +54,7 @@ export class TriggerStuckError extends AxError {
   constructor(info: { taskId: number | null; triggerId: number; spec: unknown; afterMs: number | null; returned?: unknown; cause?: unknown }) {
     const what = info.cause !== undefined
       ? `failed: ${info.cause instanceof Error ? info.cause.message : String(info.cause)}`
-      : `did not advance: next(${info.afterMs === null ? "?" : iso(info.afterMs)}) returned ${typeof info.returned === "number" && Number.isFinite(info.returned) ? iso(info.returned) : String(info.returned)}`;
+      : `did not advance: next(${info.afterMs === null ? "?" : isoUtc(info.afterMs)}) returned ${typeof info.returned === "number" && Number.isFinite(info.returned) ? isoUtc(info.returned) : String(info.returned)}`;
     super("AX_E_TRIGGER_STUCK", `task ${info.taskId ?? "?"}: trigger ${info.triggerId} ${JSON.stringify(info.spec)} ${what}`,
       { field: "trigger", value: { taskId: info.taskId, triggerId: info.triggerId, spec: info.spec, afterMs: info.afterMs }, ...(info.cause !== undefined ? { cause: info.cause } : {}) });
     this.taskId = info.taskId; this.triggerId = info.triggerId; this.spec = info.spec;
@@ -137,7 +135,7 @@ function triggerPointer(task: Pick<TaskRow, "triggerSlots" | "misfire" | "create
     const delayMs = (tr.spec as { delayMs: number }).delayMs;
     if (opts.completedMs !== undefined) {
       p = { dueMs: opts.completedMs + delayMs, slotMs: opts.completedMs + delayMs, triggerId: tr.id, source: "delay", causedBy: null,
-        reason: `${t.describe()}: previous run finished at ${iso(opts.completedMs)}, + ${delayMs}ms` };
+        reason: `${t.describe()}: previous run finished at ${isoUtc(opts.completedMs)}, + ${delayMs}ms` };
     } else if (last === null) {
       const at = task.createdMs + delayMs;
       p = { dueMs: at, slotMs: at, triggerId: tr.id, source: "delay", causedBy: null, reason: `${t.describe()}: first run ${delayMs}ms after the task was created` };
@@ -152,17 +150,17 @@ function triggerPointer(task: Pick<TaskRow, "triggerSlots" | "misfire" | "create
       if (task.misfire === "once") {
         let steps = 0;
         for (let n = t.next(slot); n !== null && n <= nowMs; n = t.next(slot)) {
-          if (++steps > MAX_STEPS_TO_NOW) throw new Error(`more than ${MAX_STEPS_TO_NOW} slots between ${iso(first.slotMs)} and now (${iso(nowMs)})`);
+          if (++steps > MAX_STEPS_TO_NOW) throw new Error(`more than ${MAX_STEPS_TO_NOW} slots between ${isoUtc(first.slotMs)} and now (${isoUtc(nowMs)})`);
           slot = n;
         }
       }
       p = { dueMs: nowMs, slotMs: slot, triggerId: tr.id, source: "misfire", causedBy: null,
-        reason: `catch-up (misfire=${task.misfire}) for the slot ${iso(slot)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
+        reason: `catch-up (misfire=${task.misfire}) for the slot ${isoUtc(slot)} of ${t.describe()}; ${plan.missed} slot(s) were missed` };
     } else if (plan.nextSlotMs !== null) {
       const from = last ?? task.createdMs;
       p = { dueMs: plan.nextSlotMs, slotMs: plan.nextSlotMs, triggerId: tr.id, source: sourceOfKind(tr.kind), causedBy: null,
         reason: last === null ? `first slot of ${t.describe()}`
-          : plan.missed > 0 ? `next slot of ${t.describe()} at ${iso(plan.nextSlotMs)}; ${plan.missed} missed slot(s) before it not run (misfire=${task.misfire})`
+          : plan.missed > 0 ? `next slot of ${t.describe()} at ${isoUtc(plan.nextSlotMs)}; ${plan.missed} missed slot(s) before it not run (misfire=${task.misfire})`
           : t.explain(from, plan.nextSlotMs) };
     }
   }

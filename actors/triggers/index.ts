@@ -4,6 +4,7 @@
  */
 export type { TriggerSpec, TriggerKind, CompiledTrigger, MisfirePolicy, Plan, DstGap, DstRepeat } from "./types.ts";
 export { parseTrigger, type TriggerInput } from "./parse.ts";
+export { isoUtc } from "./civil.ts";
 export { compileTrigger, preview, previewMarks, MAX_TRIGGER_DURATION_MS, MAX_PREVIEW, type PreviewMark } from "./compile.ts";
 export { planAfter, CRON_MISSED_COUNT_LIMIT, MAX_CATCH_UP_LIMIT } from "./plan.ts";
 export {

@@ -77,8 +77,7 @@ function canonicalUtcInstant(s: string): number {
   const hour = digits2(s, 11), minute = digits2(s, 14), second = digits2(s, 17);
   // NaN fails every comparison: a non-digit anywhere falls through to the slow path.
   if (!(month >= 1 && month <= 12 && day >= 1 && hour <= 23 && minute <= 59 && second <= 59 && milli >= 0)) return NaN;
-  const leap = (year % 4 === 0 && year % 100 !== 0) || year % 400 === 0;
-  if (day > (month === 2 && leap ? 29 : DAYS_IN_MONTH[month]!)) return NaN;
+  if (day > (month === 2 && isLeap(year) ? 29 : DAYS_IN_MONTH[month]!)) return NaN;
   return daysFromCivil(year, month, day) * 86_400_000 + hour * 3_600_000 + minute * 60_000 + second * 1000 + milli;
 }
 
@@ -145,10 +144,9 @@ export function parseTrigger(input: TriggerInput, nowMs: number, opts: { pastTol
     throw new InvalidInputError("trigger", conflicting, `${kinds.join(" and ")} conflict: give exactly one of cron, every, fixedDelay, at, delay`, "AX_E_TRIGGER");
   }
   const kind = kinds[0]!;
-  if (kind !== "cron" && (given(input.tz) || given(input.dstGap) || given(input.dstRepeat))) for (const f of ["tz", "dstGap", "dstRepeat"] as const) {
-    if (given(input[f])) {
-      throw new InvalidInputError(f, input[f], `${f} only applies to cron triggers, not to ${kind}`, "AX_E_TRIGGER");
-    }
+  if (kind !== "cron") {
+    const f = given(input.tz) ? "tz" : given(input.dstGap) ? "dstGap" : given(input.dstRepeat) ? "dstRepeat" : null;
+    if (f) throw new InvalidInputError(f, input[f], `${f} only applies to cron triggers, not to ${kind}`, "AX_E_TRIGGER");
   }
 
   switch (kind) {

@@ -248,7 +248,7 @@ describe("deploy/systemd", () => {
     const [bin, ...rest] = service.get("ExecStart")!.split(/\s+/);
     expect(bin).toMatch(/^\/.+\/node$/);
     // Node's own flags come before the script (the launcher's V8 flags: see launchers below).
-    const [script, ...args] = rest.filter((a, i) => !(a.startsWith("--") && rest.slice(0, i).every((b) => b.startsWith("--"))));
+    const [script, ...args] = rest.slice(rest.findIndex((a) => !a.startsWith("--")));
     const dir = service.get("WorkingDirectory")!;
     expect(script!.startsWith(`${dir}/`)).toBe(true);
     expectBuiltFrom(script!.slice(dir.length + 1), "ExecStart");
