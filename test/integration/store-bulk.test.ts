@@ -74,6 +74,10 @@ describe("bulk task creation", () => {
     await store.settled(); // ANALYZE runs beside the caller, not in its path
     const r = await store.pool.query("select reltuples from pg_class where oid = 'tasks'::regclass");
     expect(Number(r.rows[0].reltuples)).toBeGreaterThan(5000);
+    // …from a coarse sample (statistics target 10: at most 11 histogram bounds), not a full one.
+    const h = await store.pool.query("select histogram_bounds::text::text[] as b from pg_stats where schemaname = current_schema() and tablename = 'tasks' and attname = 'id'");
+    expect(h.rows[0].b.length).toBeGreaterThan(1);
+    expect(h.rows[0].b.length).toBeLessThanOrEqual(11);
   });
 });
 
