@@ -63,22 +63,36 @@ const escapeCopyChar = (ch: string): string => (ch === "\\" ? "\\\\" : ch === "\
 /**
  * `COPY … FROM STDIN` on a pg client without an extra dependency: a submittable query that
  * answers the server's CopyInResponse with the data and resolves on ReadyForQuery.
+ *
+ * It settles through `callback` as pg's own Query does: with `query_timeout` set, pg wraps the
+ * callback to clear a read-timeout timer, and a submittable that never calls it left that timer,
+ * and through its closure every chunk of the COPY, alive for the whole timeout (a 300k-task bulk
+ * load kept ~100 MB of COPY text for a minute after it returned).
  */
 export function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise<number> {
+  let data: string[] | null = chunks;
   return new Promise<number>((resolve, reject) => {
     let settled = false;
     let rows = 0;
+    const settle = (e: unknown) => {
+      if (settled) return;
+      settled = true;
+      data = null;
+      (q.callback as ((err: unknown, res?: unknown) => void) | undefined)?.(e ?? null, undefined);
+      if (e) reject(e); else resolve(rows);
+    };
     const q = {
       callback: undefined as unknown,
       submit(con: { query(text: string): void }) { con.query(sql); },
       handleCopyInResponse(con: { sendCopyFromChunk(b: Buffer): void; endCopyFrom(): void }) {
-        for (const ch of chunks) con.sendCopyFromChunk(Buffer.from(ch, "utf8"));
+        for (const ch of data ?? []) con.sendCopyFromChunk(Buffer.from(ch, "utf8"));
+        data = null; // sent: the socket holds its own copies
         con.endCopyFrom();
       },
       handleCommandComplete(msg: { text?: string }) { rows = Number(/(\d+)$/.exec(msg.text ?? "")?.[1] ?? 0); },
       // pg drops the active query on an error (no ReadyForQuery reaches it): settle here.
-      handleError(e: unknown) { if (!settled) { settled = true; reject(e); } },
-      handleReadyForQuery() { if (!settled) { settled = true; resolve(rows); } },
+      handleError(e: unknown) { settle(e); },
+      handleReadyForQuery() { settle(null); },
       handleRowDescription() { /* none for COPY FROM */ },
       handleDataRow() { /* none */ },
       handleEmptyQuery() { /* none */ },
