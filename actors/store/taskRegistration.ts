@@ -176,8 +176,8 @@ export class TaskRegistration {
    * histograms: a sample of 3,000 rows (statistics target 10) instead of 30,000. At the default
    * target one ANALYZE of a 300k-task table took about 0.5 s of PostgreSQL's CPU, mostly sorting
    * the JSON columns, and a bulk load's doublings ran it three or four times beside the COPYs it
-   * was meant to help; at 10 it takes about 35 ms. Autovacuum's own ANALYZE, at the server's
-   * target, replaces these statistics once enough rows change.
+   * was meant to help; at 10 it takes about 35 ms. Where autovacuum runs, its own ANALYZE, at the
+   * server's target, replaces these statistics once enough rows change.
    */
   private async analyzeCoarse(): Promise<void> {
     const c = await this.pool.connect();

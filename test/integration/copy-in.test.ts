@@ -20,7 +20,7 @@ afterAll(async () => {
 });
 
 describe("copyIn", () => {
-  it("loads the rows and leaves no read-timeout timer (and no COPY text) behind", async () => {
+  it("loads the rows and leaves no read-timeout timer behind (its closure held the COPY text)", async () => {
     const text = new CopyText();
     for (let i = 0; i < 5000; i++) text.line(`${i}\tv${i}`);
     const before = timers();
