@@ -78,11 +78,11 @@ export function copyIn(c: pg.PoolClient, sql: string, chunks: string[]): Promise
       if (settled) return;
       settled = true;
       data = null;
-      (q.callback as ((err: unknown, res?: unknown) => void) | undefined)?.(e ?? null, undefined);
+      q.callback?.(e ?? null, undefined);
       if (e) reject(e); else resolve(rows);
     };
     const q = {
-      callback: undefined as unknown,
+      callback: undefined as ((err: unknown, res?: unknown) => void) | undefined, // set by pg (see above)
       submit(con: { query(text: string): void }) { con.query(sql); },
       handleCopyInResponse(con: { sendCopyFromChunk(b: Buffer): void; endCopyFrom(): void }) {
         for (const ch of data ?? []) con.sendCopyFromChunk(Buffer.from(ch, "utf8"));

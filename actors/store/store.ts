@@ -104,7 +104,7 @@ export class Store {
     this.meta = new ClusterMeta(this.pool, this.schema, (fn) => this.transaction(fn));
     this.tasks = new TaskReads(this.pool);
     this.runs = new RunReads(this.pool);
-    this.registration = new TaskRegistration(this.pool, this.schema, this.graph, (name) => this.getTask(name));
+    this.registration = new TaskRegistration(this.pool, this.schema, this.graph, (name) => this.getTask(name), (fn) => this.transaction(fn));
   }
 
   async migrate(): Promise<{ applied: number[] }> { return migrate(this.pool, this.schema); }

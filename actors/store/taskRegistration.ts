@@ -14,7 +14,8 @@ const ANALYZE_STATISTICS_TARGET = 10;
  */
 export class TaskRegistration {
   constructor(private readonly pool: pg.Pool, private readonly schema: string, private readonly graph: DependencyGraph,
-    private readonly getTask: (name: string) => Promise<TaskRow | null>) {}
+    private readonly getTask: (name: string) => Promise<TaskRow | null>,
+    private readonly transaction: <T>(fn: (c: pg.PoolClient) => Promise<T>) => Promise<T>) {}
 
   async create(t: NewTask): Promise<TaskRow> {
     const c = await this.pool.connect();
@@ -180,16 +181,10 @@ export class TaskRegistration {
    * server's target, replaces these statistics once enough rows change.
    */
   private async analyzeCoarse(): Promise<void> {
-    const c = await this.pool.connect();
-    try {
-      await c.query("begin");
+    await this.transaction(async (c) => {
       await c.query(`set local default_statistics_target = ${ANALYZE_STATISTICS_TARGET}`);
       await c.query("analyze tasks; analyze triggers; analyze task_triggers");
-      await c.query("commit");
-    } catch (e) {
-      await c.query("rollback").catch(() => undefined);
-      throw e;
-    } finally { c.release(); }
+    });
   }
   /** Resolves when no background ANALYZE is running (tests, close). */
   async settled(): Promise<void> { while (this.analyzing) await this.analyzing; }
