@@ -4,6 +4,7 @@ export type { DefinitionChange } from "./shard/update.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
 export { Persister, replayParts, type ShardDispatchRun } from "./persister.ts";
 export { NodeEvents } from "./events/index.ts";
+export { Releaser, type Held, type ReleaseOutcome } from "./releaser/index.ts";
 export { InFlightLimiter } from "./limiter.ts";
 export { Store, DueIndex, findCycle } from "./store/index.ts";
 export type { TaskRow, RunRow, NewTask, ShardRow, MisfirePolicy, OverlapPolicy, RunSource, RunInsert, TaskUpdate, TaskDefUpdate, ShardWrite, TriggerRow, AuditRow, AuditTrail, HistoryRow, TaskHistory, AlertHooks, AlertHookRow, BrowseReads } from "./store/index.ts";

@@ -2,6 +2,7 @@ import type { JetStreamClient } from "@nats-io/jetstream";
 import { atWallTime, type Clock, type Logger, type Names } from "../common/index.ts";
 import { encode, type DispatchRun } from "../protocol/index.ts";
 import type { DispatchRecord, ShardWrite, Store } from "./store/index.ts";
+import type { ReleaseOutcome, Releaser } from "./releaser/index.ts";
 
 /** A run to dispatch, with the shard whose round fired it (a node message carries many shards). */
 export type ShardDispatchRun = DispatchRun & { shard: number };
@@ -26,6 +27,15 @@ export interface PersisterDeps {
   onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number, executor: string) => void;
   /** Batches in flight at once (each one transaction on its own connection). */
   lanes?: number;
+  /**
+   * The releaser thread: messages written ahead of their due time are published from there, at
+   * that time, whatever this thread is doing. Only with a clock that is the system clock (the
+   * thread keeps time by it). Without it, or for a message it cannot take, the release is a
+   * timer on this thread.
+   */
+  releaser?: Releaser | null;
+  /** How long from now the shard's runs may be released here (its lease's validity left; 0: not releasable). Needed with `releaser`. */
+  releasableForMs?: (shard: number) => number;
 }
 
 /**
@@ -51,7 +61,11 @@ const NO_SEQUENCES: ReadonlyMap<string, number> = new Map();
 /** Longest a release waits for a lease that is held but not confirmed (NATS reconnecting). */
 const MAX_RELEASE_WAIT_MS = 10_000;
 
-interface Message { id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[] }
+interface Message {
+  id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[];
+  /** Held by the releaser thread (its slot), with what to do once it is released. */
+  handed?: { slot: number; sequences: Map<string, number>; done: () => void };
+}
 interface Queued { write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }
 
 export interface Submitted {
@@ -122,7 +136,7 @@ export class Persister {
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
   /** `beside`: batches started while another lane was writing; `leftQueued`: times a lane passed over a queued write (a row in common, or the batch full). */
-  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
+  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0, handedOver: 0, handedBack: 0 };
   constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
@@ -271,6 +285,17 @@ export class Persister {
   withdraw(runId: string): boolean {
     const m = this.held.get(runId);
     if (!m) return this.withdrawQueued(runId);
+    if (m.handed) {
+      const { slot, sequences, done } = m.handed;
+      // Taken by the releaser thread already: it is being published (or comes back to release()).
+      if (!this.d.releaser?.recall(slot)) return false;
+      m.handed = undefined;
+      this.held.delete(runId);
+      m.runs = m.runs.filter((r) => r.runId !== runId);
+      this.stats.withdrawn++;
+      this.schedule(m, sequences, done); // the rest of it, handed over again
+      return true;
+    }
     this.held.delete(runId);
     m.runs = m.runs.filter((r) => r.runId !== runId);
     this.stats.withdrawn++;
@@ -305,17 +330,62 @@ export class Persister {
         m.runs = m.runs.filter((r) => !stale.has(r.shard));
       }
       if (!m.runs.length) return undefined;
-      if (m.releaseAt <= this.d.clock.now()) {
-        for (const r of m.runs) this.held.delete(r.runId);
-        return this.release(m, sequences);
-      }
-      this.stats.held += m.runs.length;
-      return new Promise<void>((resolve) => atWallTime(this.d.clock, m.releaseAt, () => {
-        for (const r of m.runs) this.held.delete(r.runId);
-        void this.release(m, sequences).then(resolve);
-      }));
+      if (m.releaseAt > this.d.clock.now()) this.stats.held += m.runs.length;
+      return new Promise<void>((resolve) => this.schedule(m, sequences, resolve));
     })).then(() => sequences);
   }
+
+  /** Releases the message at its release time (now if that has passed): from the releaser thread if it takes it, else from a timer here. */
+  private schedule(m: Message, sequences: Map<string, number>, done: () => void): void {
+    if (!m.runs.length) { done(); return; }
+    if (m.releaseAt > this.d.clock.now()) {
+      if (this.handOver(m, sequences, done)) return;
+      atWallTime(this.d.clock, m.releaseAt, () => this.schedule(m, sequences, done));
+      return;
+    }
+    for (const r of m.runs) this.held.delete(r.runId);
+    void this.release(m, sequences).then(done);
+  }
+
+  /**
+   * Hands a message to the releaser thread; false if it stays here (no thread, no free slot, or
+   * a lease that would lapse before the release time: this thread then decides, as before).
+   */
+  private handOver(m: Message, sequences: Map<string, number>, done: () => void): boolean {
+    const releaser = this.d.releaser;
+    if (!releaser || !this.d.releasableForMs) return false;
+    const shards = [...new Set(m.runs.map((r) => r.shard))];
+    let validForMs = Infinity;
+    for (const s of shards) validForMs = Math.min(validForMs, this.d.releasableForMs(s));
+    if (!(validForMs > m.releaseAt - this.d.clock.now())) return false;
+    const held = releaser.hold({ subject: this.d.names.dispatchSubject(m.executor), msgID: m.id, data: dispatchPayload(this.d.nodeId, m.runs), releaseAt: m.releaseAt, validForMs, shards });
+    if (!held) return false;
+    this.stats.handedOver++;
+    m.handed = { slot: held.slot, sequences, done };
+    void held.outcome.then((o) => this.onHandedReleased(m, o));
+    return true;
+  }
+
+  /** The releaser thread's report on a message it took: landed, or back to release() here (a lease not confirmed, a failed publish retried under the same id). */
+  private onHandedReleased(m: Message, o: ReleaseOutcome): void {
+    const { sequences, done } = m.handed!;
+    m.handed = undefined;
+    for (const r of m.runs) this.held.delete(r.runId);
+    if (o.kind === "landed") {
+      this.stats.messages++;
+      this.noteLanded(m.runs, o.atMs);
+      for (const r of m.runs) sequences.set(r.runId, o.seq);
+      this.d.onReleased?.(m.runs, o.atMs, m.executor);
+      done();
+      return;
+    }
+    this.stats.handedBack++;
+    if (o.kind === "failed") this.d.log.warn({ err: o.error, msgID: m.id, executor: m.executor, runs: m.runs.length }, "releaser thread could not publish a dispatch; publishing it from the node's thread under the same id");
+    void this.release(m, sequences).then(done);
+  }
+
+  /** The shard's actor no longer releases here (fenced, or stopped): what the releaser thread holds of it comes back unpublished. */
+  revoke(shard: number): void { this.d.releaser?.revoke(shard); }
 
   /** Publishes the message's runs of shards still held here; notes each one's stream sequence in `sequences`. */
   private release(m: Message, sequences: Map<string, number>, waitingSince = this.d.clock.monotonic()): Promise<void> {
@@ -361,7 +431,11 @@ export class Persister {
   }
 
   /** The run's dispatch message is still being published (its timeout must not start yet). */
-  isPublishing(runId: string): boolean { return this.publishing.has(runId); }
+  isPublishing(runId: string): boolean {
+    if (this.publishing.has(runId)) return true;
+    const slot = this.held.get(runId)?.handed?.slot;
+    return slot !== undefined && !!this.d.releaser?.taken(slot);
+  }
 
   /**
    * A dispatch carrying these runs landed at `atMs`. Runs it reached LATE_LANDING_MS or more
@@ -414,7 +488,7 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
   opts: { keepTrying?: () => boolean } = {}): Promise<number> {
-  const data = encode({ v: 2, node: nodeId, runs });
+  const data = dispatchPayload(nodeId, runs);
   // Retried under the same id until it lands (JetStream drops a copy of one that did): while
   // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
   // seconds must delay these runs, not lose them (a run whose publish gave up after four tries
@@ -429,6 +503,11 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }
   }
+}
+
+/** The body of a v2 dispatch message. */
+function dispatchPayload(nodeId: string, runs: ReadonlyArray<ShardDispatchRun>): Uint8Array {
+  return encode({ v: 2, node: nodeId, runs });
 }
 
 /** Rows a write changes (its ledger and definition rows counted too). */

@@ -58,6 +58,13 @@ export class LeaseTable {
     return !!l && !l.releasing && this.clock.monotonic() - l.renewedMono < this.validForMs;
   }
 
+  /** How much longer the lease may be acted on without another renewal (0: not valid). */
+  remainingMs(shard: number): number {
+    const l = this.held.get(shard);
+    if (!l || l.releasing) return 0;
+    return Math.max(0, this.validForMs - (this.clock.monotonic() - l.renewedMono));
+  }
+
   private get kv(): KV { return this.bucket.kv; }
 
   async acquire(shard: number): Promise<HeldLease | null> {

@@ -157,6 +157,8 @@ export class ShardSupervisor {
   ownedShards(): number[] { return [...this.owned.keys()].sort((a, b) => a - b); }
   liveMembers(): Member[] { return this.members.live(); }
   leaseValid(shard: number): boolean { return !this.stopping && this.leases.isValid(shard); }
+  /** How much longer the shard's lease may be acted on without another renewal (0: not valid, or the node is stopping). */
+  leaseRemainingMs(shard: number): number { return this.stopping ? 0 : this.leases.remainingMs(shard); }
   /** Joining: not claiming yet (see the class comment). */
   joining(): boolean { return this.o.clock.monotonic() - this.joinedFromMono < this.joinMs; }
 

@@ -41,6 +41,8 @@ export interface AxConfig {
   tickMs: number;
   /** How long before its due time a run is decided and recorded (then published at the due time). */
   leadMs: number;
+  /** Where runs recorded ahead are published at their due time: "thread" (the releaser thread) or "inline" (the node's own thread). */
+  releaser: "thread" | "inline";
   wheelSize: number;
   maxInFlightPerExecutor: number;
   /** Deliveries of a message whose processing failed before it is parked as a dead letter. */
@@ -74,6 +76,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_SHARDS: "64",
   AX_TICK: "20ms",
   AX_LEAD: "100ms",
+  AX_RELEASER: "thread",
   AX_WHEEL_SIZE: "512",
   AX_MAX_IN_FLIGHT: "20000",
   AX_DEAD_AFTER: "8",
@@ -101,6 +104,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_SHARDS: "shard count, fixed when the cluster is first created",
   AX_TICK: "wheel tick",
   AX_LEAD: "how long before its due time a run is decided and recorded; it is published at the due time",
+  AX_RELEASER: "thread (default): runs recorded ahead are published at their due time by a thread of their own, which the node's pauses (garbage collection) do not delay; inline: by the node's main thread",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
@@ -219,6 +223,11 @@ export function loadNatsSettings(env: NodeJS.ProcessEnv = process.env, overrides
   return out;
 }
 
+
+function oneOf<const T extends string>(variable: string, value: string, allowed: readonly T[]): T {
+  if (!(allowed as readonly string[]).includes(value)) fail(variable, value, `must be ${allowed.slice(0, -1).join(", ")} or ${allowed[allowed.length - 1]}`);
+  return value as T;
+}
 
 function int(variable: string, value: string, min: number, max: number): number {
   if (!/^\d+$/.test(value)) fail(variable, value, "not a whole number");
@@ -368,6 +377,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     shardCount: int("AX_SHARDS", get("AX_SHARDS"), 1, 4096),
     tickMs: dur("AX_TICK", get("AX_TICK")),
     leadMs: dur("AX_LEAD", get("AX_LEAD")),
+    releaser: oneOf("AX_RELEASER", get("AX_RELEASER"), ["thread", "inline"] as const),
     wheelSize: int("AX_WHEEL_SIZE", get("AX_WHEEL_SIZE"), 8, 1 << 20),
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
     deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),

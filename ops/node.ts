@@ -3,7 +3,7 @@ import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node"
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { DeadLetters, DispatchDelivery, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
-import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
+import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Releaser, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
@@ -48,6 +48,7 @@ export class AxNode {
   api!: Api;
   supervisor!: ShardSupervisor;
   private persister!: Persister;
+  private releaser: Releaser | null = null;
   private delivery!: DispatchDelivery;
   private limiter!: InFlightLimiter;
   private deps!: DependencyActor;
@@ -138,10 +139,17 @@ export class AxNode {
     const bucketTtlMs = (await bucket.kv.status()).ttl;
     const leaseTtlMs = bucketTtlMs > 0 ? bucketTtlMs : c.leaseTtlMs;
     if (leaseTtlMs !== c.leaseTtlMs) this.log.warn({ configured: c.leaseTtlMs, bucket: leaseTtlMs }, "AX_LEASE_TTL differs from the lease bucket's TTL; using the bucket's");
+    // The releaser thread keeps time by the system clock: a node given another clock (a test's)
+    // releases on its own thread.
+    if (c.releaser === "thread" && Object.getPrototypeOf(this.clock) === SystemClock.prototype) {
+      this.releaser = await Releaser.start({ nats: c.nats, name: `ax-node:${this.id}:releaser`, log: this.log });
+    }
     this.persister = new Persister({
       store: this.store, log: this.log, js: this.js, names: this.names, nodeId: this.id, clock: this.clock,
       // A run is released only by a shard that is still this node's (not fenced, lease valid).
       mayRelease: (shard) => (!(this.actors.get(shard)?.releasable ?? false) ? "never" : this.supervisor.leaseValid(shard) ? "yes" : "wait"),
+      releaser: this.releaser,
+      releasableForMs: (shard) => ((this.actors.get(shard)?.releasable ?? false) ? this.supervisor.leaseRemainingMs(shard) : 0),
       onReleased: (runs, at, executor) => {
         // The labelled child is looked up (a key string built from the sorted labels) once per message, not per run.
         const lateness = this.metrics.lateness.labels({ executor });
@@ -467,7 +475,11 @@ export class AxNode {
     if (this.orphanTimer) clearInterval(this.orphanTimer);
     if (this.streamTimer) clearInterval(this.streamTimer);
     this.health?.stop();
+    // As on the node's thread (leaseValid is false from here on), the releaser thread releases
+    // nothing more: runs written ahead stay recorded for the shards' next owners.
+    for (const s of this.supervisor?.ownedShards() ?? []) this.persister?.revoke(s);
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
+    await this.releaser?.close();
     await this.nodeEvents?.stop();
     await this.deps?.stop();
     for (const s of this.subs) s.unsubscribe();

@@ -440,6 +440,7 @@ export class ShardActor implements EventSink {
     this.decisions.dropInFlight();
     if (back.length) await this.d.due.add(this.shard, back).catch(() => undefined);
     this.state = "stopped";
+    this.d.persister.revoke(this.shard);
     this.catchUp.stop();
     this.log.info({ returned: back.length }, "shard:released");
   }
@@ -454,6 +455,8 @@ export class ShardActor implements EventSink {
   fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
+    // Runs written ahead and held by the releaser thread are not published from here on.
+    this.d.persister.revoke(this.shard);
     this.catchUp.stop();
     this.horizon.halt();
     void this.consumers.close();

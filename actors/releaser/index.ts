@@ -1,0 +1,1 @@
+export { Releaser, type Held, type HoldRequest, type ReleaseOutcome } from "./releaser.ts";
