@@ -28,10 +28,10 @@ export interface PersisterDeps {
   /** Batches in flight at once (each one transaction on its own connection). */
   lanes?: number;
   /**
-   * The releaser thread: messages written ahead of their due time are published from there, at
-   * that time, whatever this thread is doing. Only with a clock that is the system clock (the
-   * thread keeps time by it). Without it, or for a message it cannot take, the release is a
-   * timer on this thread.
+   * The releaser thread: the backstop of this thread's release timers. A message written ahead
+   * of its due time is handed over as well as timed here; if the timer here is held up (a
+   * collection pause), the thread publishes it BACKSTOP_MS after its release time. Only with a
+   * clock that is the system clock (the thread keeps time by it).
    */
   releaser?: Releaser | null;
   /** How long from now the shard's runs may be released here (its lease's validity left; 0: not releasable). Needed with `releaser`. */
@@ -63,7 +63,7 @@ const MAX_RELEASE_WAIT_MS = 10_000;
 
 interface Message {
   id: string; executor: string; releaseAt: number; runs: ShardDispatchRun[];
-  /** Held by the releaser thread (its slot), with what to do once it is released. */
+  /** Handed to the releaser thread too (its slot), with what to do once it is released. */
   handed?: { slot: number; sequences: Map<string, number>; done: () => void };
 }
 interface Queued { write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]>; resolve: (s: Submitted) => void; reject: (e: unknown) => void }
@@ -288,7 +288,7 @@ export class Persister {
     if (m.handed) {
       const { slot, sequences, done } = m.handed;
       // Taken by the releaser thread already: it is being published (or comes back to release()).
-      if (!this.d.releaser?.recall(slot)) return false;
+      if (!this.claimBack(slot)) return false;
       m.handed = undefined;
       this.held.delete(runId);
       m.runs = m.runs.filter((r) => r.runId !== runId);
@@ -335,12 +335,23 @@ export class Persister {
     })).then(() => sequences);
   }
 
-  /** Releases the message at its release time (now if that has passed): from the releaser thread if it takes it, else from a timer here. */
+  /**
+   * Releases the message at its release time (now if that has passed), from a timer here; a
+   * message handed to the releaser thread as well goes from there if this timer is held up.
+   */
   private schedule(m: Message, sequences: Map<string, number>, done: () => void): void {
     if (!m.runs.length) { done(); return; }
     if (m.releaseAt > this.d.clock.now()) {
-      if (this.handOver(m, sequences, done)) return;
-      atWallTime(this.d.clock, m.releaseAt, () => this.schedule(m, sequences, done));
+      const slot = this.handOver(m, sequences, done);
+      atWallTime(this.d.clock, m.releaseAt, () => {
+        if (slot !== null) {
+          // Handed again since (a withdrawal), or already reported on by the thread: not this timer's.
+          if (m.handed?.slot !== slot) return;
+          if (!this.claimBack(slot)) return; // the thread took it: its report settles it
+          m.handed = undefined;
+        }
+        this.schedule(m, sequences, done);
+      });
       return;
     }
     for (const r of m.runs) this.held.delete(r.runId);
@@ -348,25 +359,35 @@ export class Persister {
   }
 
   /**
-   * Hands a message to the releaser thread; false if it stays here (no thread, no free slot, or
-   * a lease that would lapse before the release time: this thread then decides, as before).
+   * Hands a message to the releaser thread as a backstop; its slot, or null if it is not handed
+   * over (no thread, no free slot, or a lease that would lapse before the release time: this
+   * thread alone decides then, as before).
    */
-  private handOver(m: Message, sequences: Map<string, number>, done: () => void): boolean {
+  private handOver(m: Message, sequences: Map<string, number>, done: () => void): number | null {
     const releaser = this.d.releaser;
-    if (!releaser || !this.d.releasableForMs) return false;
+    if (!releaser || !this.d.releasableForMs) return null;
     const shards = [...new Set(m.runs.map((r) => r.shard))];
     let validForMs = Infinity;
     for (const s of shards) validForMs = Math.min(validForMs, this.d.releasableForMs(s));
-    if (!(validForMs > m.releaseAt - this.d.clock.now())) return false;
+    if (!(validForMs > m.releaseAt - this.d.clock.now())) return null;
     const held = releaser.hold({ subject: this.d.names.dispatchSubject(m.executor), msgID: m.id, data: dispatchPayload(this.d.nodeId, m.runs), releaseAt: m.releaseAt, validForMs, shards });
-    if (!held) return false;
+    if (!held) return null;
     this.stats.handedOver++;
     m.handed = { slot: held.slot, sequences, done };
     void held.outcome.then((o) => this.onHandedReleased(m, o));
-    return true;
+    return held.slot;
   }
 
-  /** The releaser thread's report on a message it took: landed, or back to release() here (a lease not confirmed, a failed publish retried under the same id). */
+  /**
+   * Takes a handed-over message back from the releaser thread. False only if the thread took it
+   * (it reports on it); true also once the thread is closed (close() claimed everything back).
+   */
+  private claimBack(slot: number): boolean {
+    const releaser = this.d.releaser!;
+    return releaser.claim(slot) || !releaser.taken(slot);
+  }
+
+  /** The releaser thread's report on a message it took (this thread's timer was late): landed, or back to release() here (a lease not confirmed, a failed publish retried under the same id). */
   private onHandedReleased(m: Message, o: ReleaseOutcome): void {
     const { sequences, done } = m.handed!;
     m.handed = undefined;

@@ -104,7 +104,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_SHARDS: "shard count, fixed when the cluster is first created",
   AX_TICK: "wheel tick",
   AX_LEAD: "how long before its due time a run is decided and recorded; it is published at the due time",
-  AX_RELEASER: "thread (default): runs recorded ahead are published at their due time by a thread of their own, which the node's pauses (garbage collection) do not delay; inline: by the node's main thread",
+  AX_RELEASER: "thread (default): a run recorded ahead whose release the node's main thread has not made 4 ms after its due time (a garbage-collection pause) is published by a thread of its own; inline: the main thread alone",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",

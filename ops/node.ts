@@ -459,6 +459,7 @@ export class AxNode {
       tasks: fromPg?.tasks ?? null, running: fromPg?.running ?? null, executors: fromPg?.executors ?? [],
       firedPerSec: nodes.reduce((n, x) => n + x.load.firedPerSec, 0),
       persister: this.persister.stats,
+      releaser: this.releaser?.stats ?? null,
       // Runs holding a place at their executors and tasks queued for one (a pinned inFlight with
       // a growing queue is the in-flight bound limiting the rate), and the shards' counters summed.
       limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting() },

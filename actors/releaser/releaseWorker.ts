@@ -2,14 +2,14 @@ import { parentPort, workerData } from "node:worker_threads";
 import { jetstream } from "@nats-io/jetstream";
 import type { NatsSettings } from "../../common/index.ts";
 import { connectNats } from "../../common/index.ts";
-import { HELD, TAKEN, sharedMonotonicMs, type FromReleaser, type ToReleaser } from "./shared.ts";
+import { BACKSTOP_MS, FREE, HELD, TAKEN, sharedMonotonicMs, type FromReleaser, type Hold, type ToReleaser } from "./shared.ts";
 
 /**
- * The releaser thread: publishes dispatch messages the node recorded ahead of their due time, at
- * that time. It has its own event loop, heap and NATS connection, so a pause of the node's thread
- * (a young-generation collection of 20–30 ms at thousands of runs a second) does not delay a
- * release. It decides nothing: a message whose slot the node recalled is dropped, and one whose
- * leases it cannot confirm is handed back unpublished (see Releaser).
+ * The releaser thread: the backstop of the node's release timers. Each message the node recorded
+ * ahead of its due time is handed here too; at BACKSTOP_MS past its release time, if the node has
+ * not claimed it (its own timer was held up, typically by a young-generation collection), this
+ * thread publishes it, from its own event loop, heap and NATS connection. It decides nothing: a
+ * message whose leases it cannot confirm goes back to the node unpublished (see Releaser).
  */
 
 interface Init { nats: NatsSettings; name: string; slots: SharedArrayBuffer; revocations: SharedArrayBuffer }
@@ -20,14 +20,15 @@ const slots = new Int32Array(init.slots);
 const revocations = new Int32Array(init.revocations);
 const post = (m: FromReleaser) => port.postMessage(m);
 
-type Hold = Extract<ToReleaser, { t: "hold" }>;
-
-/** Published at its release time, if its slot is still held and its leases still valid. */
-function release(h: Hold): void {
-  const left = h.releaseAt - Date.now();
+/** At the backstop time: published if the node has not claimed it and its leases still hold. */
+function backstop(h: Hold): void {
+  const left = h.releaseAt + BACKSTOP_MS - Date.now();
   // Checked again when the timer fires: a timer may fire before a wall-clock step forward catches up.
-  if (left > 0) { setTimeout(release, left, h); return; }
-  if (Atomics.compareExchange(slots, h.slot, HELD, TAKEN) !== HELD) { post({ t: "recalled", slot: h.slot }); return; }
+  if (left > 0) { setTimeout(backstop, left, h); return; }
+  if (Atomics.compareExchange(slots, h.slot, HELD, TAKEN) !== HELD) {
+    Atomics.store(slots, h.slot, FREE); // claimed by the node, which is done with it; nothing else touches it here
+    return;
+  }
   const reason = refusal(h);
   if (reason) { post({ t: "returned", slot: h.slot, reason }); return; }
   js.publish(h.subject, h.data, { msgID: h.msgID, timeout: 2000 }).then(
@@ -47,7 +48,7 @@ try {
   const nc = await connectNats(init.nats, { name: init.name, maxReconnectAttempts: -1 });
   js = jetstream(nc);
   port.on("message", (m: ToReleaser) => {
-    if (m.t === "hold") release(m);
+    if (m.t === "hold") for (const h of m.holds) backstop(h);
     else { void nc.drain().finally(() => port.close()); }
   });
   post({ t: "ready" });

@@ -1,8 +1,8 @@
 import { Worker } from "node:worker_threads";
 import type { Logger, NatsSettings } from "../../common/index.ts";
-import { FREE, HELD, RECALLED, TAKEN, sharedMonotonicMs, type FromReleaser, type ToReleaser } from "./shared.ts";
+import { CLAIMED, FREE, HELD, TAKEN, sharedMonotonicMs, type FromReleaser, type Hold, type ToReleaser } from "./shared.ts";
 
-/** How a held message ended on the releaser thread (see FromReleaser). */
+/** How a message the releaser thread took ended (see Report). */
 export type ReleaseOutcome =
   | { kind: "landed"; seq: number; atMs: number }
   | { kind: "returned"; reason: string }
@@ -21,50 +21,53 @@ export interface HoldRequest {
 
 export interface Held {
   slot: number;
-  /** Settles once the releaser thread has reported on it; never for a message recalled here. */
+  /** Settles if the releaser thread took the message, once it has reported on it; never for one the node claimed. */
   outcome: Promise<ReleaseOutcome>;
 }
 
-/** Messages held at once; beyond it the node releases on its own thread (at 8,200 runs/s about 50 are held). */
+/** Messages held at once; beyond it the node releases on its own thread alone (at 8,200 runs/s about 50 are held). */
 const SLOTS = 4096;
 /** Shards whose revocation is counted (a shard id at or above it is never handed over). */
 const MAX_SHARDS = 4096;
-/** How long a start waits for the thread's NATS connection before the node releases on its own thread. */
+/** How long a start waits for the thread's NATS connection before the node releases on its own thread alone. */
 const START_TIMEOUT_MS = 15_000;
 
 /**
- * The node's side of the releaser thread (releaseWorker.ts). The persister hands it each
- * dispatch message written ahead of its due time; the thread publishes it at that time, on its
- * own event loop, so the node thread's pauses (its collections) no longer delay releases.
+ * The node's side of the releaser thread (releaseWorker.ts): a backstop for the release timers of
+ * the node's own thread. The persister hands over each dispatch message written ahead of its due
+ * time and keeps its own timer; when that timer fires it claims the message and publishes it as
+ * before. If the timer is held up past BACKSTOP_MS (a young-generation collection of 20–30 ms at
+ * thousands of runs a second), the thread publishes it instead, from its own event loop.
  *
- * Safety is kept by three checks on the releaser thread, all against shared memory:
- * - withdrawal: `recall(slot)` and the thread's take are one compare-and-swap each from HELD;
- *   whichever comes first wins, and the loser knows it (a withdrawn run is never published; a
- *   run being published is never reported withdrawn);
- * - lease: each message carries the deadline of its shards' leases on a clock both threads
- *   read (CLOCK_MONOTONIC). A node thread paused past it cannot renew; the thread then hands the
+ * Safety is kept by three checks, all against shared memory:
+ * - one publisher: `claim(slot)` (the node's timer, or a withdrawal) and the thread's take are one
+ *   compare-and-swap each from HELD; whichever comes first wins, and the loser knows it (a
+ *   withdrawn run is never published; a run the thread took is never reported withdrawn);
+ * - lease: each message carries the deadline of its shards' leases on a clock both threads read
+ *   (CLOCK_MONOTONIC). A node thread paused past it cannot renew; the thread then hands the
  *   message back unpublished, and the node decides (wait for the lease, or leave the runs to the
- *   shard's next owner) as for a release on its own thread;
- * - fencing: `revoke(shard)` (an actor fenced or stopping) bumps a per-shard counter; a message
- *   handed over before it goes back unpublished.
+ *   shard's next owner) as for any release;
+ * - fencing: `revoke(shard)` (an actor fenced or stopped, or the node stopping) bumps a per-shard
+ *   counter; a message handed over before it goes back unpublished.
  * A message the thread took and failed to publish comes back too: the node publishes it again
  * under the same message id, which JetStream de-duplicates if the first attempt landed.
  */
 export class Releaser {
   private readonly slots = new Int32Array(new SharedArrayBuffer(4 * SLOTS));
   private readonly revocations = new Int32Array(new SharedArrayBuffer(4 * MAX_SHARDS));
+  /** Slots handed over and not claimed: settled if the thread reports on them. */
   private readonly waiting = new Map<number, (o: ReleaseOutcome) => void>();
-  private readonly free: number[] = [];
+  private cursor = 0;
   private worker: Worker | null = null;
-  readonly stats = { held: 0, landed: 0, returned: 0, failed: 0, recalled: 0, full: 0 };
+  /** Holds made in this turn of the event loop: handed over in one message (a wake-up of the thread each). */
+  private pending: Hold[] = [];
+  readonly stats = { held: 0, claimed: 0, taken: 0, returned: 0, failed: 0, full: 0 };
 
-  private constructor(private readonly log: Logger) {
-    for (let i = SLOTS - 1; i >= 0; i--) this.free.push(i);
-  }
+  private constructor(private readonly log: Logger) {}
 
   /**
    * The releaser thread, connected to NATS; null (logged) if it could not start, in which case
-   * the node releases on its own thread as before.
+   * the node releases on its own thread alone, as before.
    */
   static async start(opts: { nats: NatsSettings; name: string; log: Logger }): Promise<Releaser | null> {
     const r = new Releaser(opts.log);
@@ -81,7 +84,7 @@ export class Releaser {
       worker.once("error", (e) => { clearTimeout(timer); resolve(String(e)); });
     });
     if (started !== null) {
-      opts.log.warn({ err: started }, "releaser thread did not start; dispatches are released on the node's thread");
+      opts.log.warn({ err: started }, "releaser thread did not start; dispatches are released by the node's thread alone");
       await worker.terminate();
       return null;
     }
@@ -93,54 +96,49 @@ export class Releaser {
     return r;
   }
 
-  /** Hands a message over; null when it cannot be (the thread is gone, or all slots are held): release it on this thread. */
+  /** Hands a message over; null when it cannot be (the thread is gone, or all slots are held): the node's timer alone releases it. */
   hold(h: HoldRequest): Held | null {
     if (!this.worker) return null;
     if (h.shards.some((s) => s >= MAX_SHARDS)) return null;
-    const slot = this.free.pop();
-    if (slot === undefined) { this.stats.full++; return null; }
-    Atomics.store(this.slots, slot, HELD);
+    const slot = this.takeFreeSlot();
+    if (slot === null) { this.stats.full++; return null; }
     const outcome = new Promise<ReleaseOutcome>((resolve) => this.waiting.set(slot, resolve));
     const shards = [...h.shards];
-    const msg: ToReleaser = {
-      t: "hold", slot, subject: h.subject, msgID: h.msgID, data: h.data, releaseAt: h.releaseAt,
+    this.pending.push({
+      slot, subject: h.subject, msgID: h.msgID, data: h.data, releaseAt: h.releaseAt,
       validUntil: sharedMonotonicMs() + h.validForMs, shards, revocations: shards.map((s) => Atomics.load(this.revocations, s)),
-    };
-    this.worker.postMessage(msg);
+    });
+    if (this.pending.length === 1) queueMicrotask(() => this.handOver());
     this.stats.held++;
     return { slot, outcome };
   }
 
   /**
-   * Takes a held message back before the thread publishes it. True: it will not be published
-   * from there (its outcome never settles; the caller owns the message again). False: the thread
-   * took it already (it is being published, or handed back through its outcome).
+   * The node takes a held message back: to release it itself (its timer fired in time) or to
+   * withdraw a run of it. True: the thread will not publish it (its outcome never settles). False:
+   * the thread took it already (it is being published, or comes back through its outcome).
    */
-  recall(slot: number): boolean {
-    if (Atomics.compareExchange(this.slots, slot, HELD, RECALLED) !== HELD) return false;
+  claim(slot: number): boolean {
+    if (Atomics.compareExchange(this.slots, slot, HELD, CLAIMED) !== HELD) return false;
     this.waiting.delete(slot);
-    this.stats.recalled++;
+    this.stats.claimed++;
     return true;
   }
 
   /** The thread took this message (it is being published, or about to come back). */
   taken(slot: number): boolean { return Atomics.load(this.slots, slot) === TAKEN; }
 
-  /** The shard's actor no longer releases here (fenced, stopping): messages of it not yet taken come back unpublished. */
+  /** The shard's actor no longer releases here (fenced, stopped): messages of it not yet taken come back unpublished if the thread takes them. */
   revoke(shard: number): void {
     if (shard < MAX_SHARDS) Atomics.add(this.revocations, shard, 1);
   }
 
-  /** Stops the thread; messages still held come back as "returned", to be released (or not) on the node's thread. */
+  /** Stops the thread. Messages it still holds stay with the node's timers; those it took are waited for (up to 3 s). */
   async close(): Promise<void> {
     const w = this.worker;
     if (!w) return;
     this.worker = null;
-    for (const slot of [...this.waiting.keys()]) {
-      // (its slot stays recalled: the thread is going, and nothing is held again)
-      if (Atomics.compareExchange(this.slots, slot, HELD, RECALLED) === HELD) this.settle(slot, { kind: "returned", reason: "the node is stopping" }, false);
-    }
-    // Those taken: their publish is under way; wait for its report (bounded by its 2 s timeout).
+    for (const slot of [...this.waiting.keys()]) this.claim(slot);
     const until = Date.now() + 3000;
     while (this.waiting.size && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
     w.postMessage({ t: "close" } satisfies ToReleaser);
@@ -148,33 +146,43 @@ export class Releaser {
     for (const slot of [...this.waiting.keys()]) this.settle(slot, { kind: "failed", error: "the releaser thread stopped before it reported" });
   }
 
+  /** A FREE slot, claimed for a new message (the thread frees the slots the node claimed, the node those the thread took). */
+  private takeFreeSlot(): number | null {
+    for (let i = 0; i < SLOTS; i++) {
+      const slot = (this.cursor + i) % SLOTS;
+      if (Atomics.compareExchange(this.slots, slot, FREE, HELD) === FREE) { this.cursor = (slot + 1) % SLOTS; return slot; }
+    }
+    return null;
+  }
+
+  private handOver(): void {
+    const holds = this.pending;
+    this.pending = [];
+    // (closed meanwhile: close() claimed these back, and the node's timers release them)
+    this.worker?.postMessage({ t: "hold", holds } satisfies ToReleaser);
+  }
+
   private onReport(m: FromReleaser): void {
     switch (m.t) {
-      case "landed": this.stats.landed++; this.settle(m.slot, { kind: "landed", seq: m.seq, atMs: m.atMs }); break;
+      case "landed": this.stats.taken++; this.settle(m.slot, { kind: "landed", seq: m.seq, atMs: m.atMs }); break;
       case "returned": this.stats.returned++; this.settle(m.slot, { kind: "returned", reason: m.reason }); break;
       case "failed": this.stats.failed++; this.settle(m.slot, { kind: "failed", error: m.error }); break;
-      case "recalled": this.release(m.slot); break;
       default: break;
     }
   }
 
-  /** The thread is gone: every message it held comes back, to be published from this thread (same message ids). */
+  /** The thread is gone: what it took and did not report comes back, to be published from the node (same message ids); the rest the node's timers release. */
   private onExit(reason: string): void {
     if (!this.worker) return;
     this.worker = null;
-    this.log.error({ err: reason, held: this.waiting.size }, "releaser thread gone; its messages are released on the node's thread");
-    for (const slot of [...this.waiting.keys()]) this.settle(slot, { kind: "failed", error: reason });
+    this.log.error({ err: reason }, "releaser thread gone; dispatches are released by the node's thread alone");
+    for (const slot of [...this.waiting.keys()]) if (!this.claim(slot)) this.settle(slot, { kind: "failed", error: reason });
   }
 
-  private settle(slot: number, o: ReleaseOutcome, freeSlot = true): void {
+  private settle(slot: number, o: ReleaseOutcome): void {
     const resolve = this.waiting.get(slot);
     this.waiting.delete(slot);
-    if (freeSlot) this.release(slot);
-    resolve?.(o);
-  }
-
-  private release(slot: number): void {
     Atomics.store(this.slots, slot, FREE);
-    this.free.push(slot);
+    resolve?.(o);
   }
 }
