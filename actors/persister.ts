@@ -405,7 +405,7 @@ export class Persister {
     void this.release(m, sequences).then(done);
   }
 
-  /** The shard's actor no longer releases here (fenced, or stopped): what the releaser thread holds of it comes back unpublished. */
+  /** The shard's actor no longer releases here (fenced, or stopped): the releaser thread publishes none of its runs from now on (this thread's release path asks mayRelease, as always). */
   revoke(shard: number): void { this.d.releaser?.revoke(shard); }
 
   /** Publishes the message's runs of shards still held here; notes each one's stream sequence in `sequences`. */

@@ -455,7 +455,8 @@ export class ShardActor implements EventSink {
   fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
-    // Runs written ahead and held by the releaser thread are not published from here on.
+    // The releaser thread publishes none of this shard's runs from here on (the node's own
+    // release path asks whether the shard is still releasable, as before).
     this.d.persister.revoke(this.shard);
     this.catchUp.stop();
     this.horizon.halt();
