@@ -136,7 +136,7 @@ export class Persister {
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
   /** `beside`: batches started while another lane was writing; `leftQueued`: times a lane passed over a queued write (a row in common, or the batch full). */
-  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0, handedOver: 0, handedBack: 0 };
+  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
   constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
@@ -372,7 +372,6 @@ export class Persister {
     if (!(validForMs > m.releaseAt - this.d.clock.now())) return null;
     const held = releaser.hold({ subject: this.d.names.dispatchSubject(m.executor), msgID: m.id, data: dispatchPayload(this.d.nodeId, m.runs), releaseAt: m.releaseAt, validForMs, shards });
     if (!held) return null;
-    this.stats.handedOver++;
     m.handed = { slot: held.slot, sequences, done };
     void held.outcome.then((o) => this.onHandedReleased(m, o));
     return held.slot;
@@ -400,7 +399,6 @@ export class Persister {
       done();
       return;
     }
-    this.stats.handedBack++;
     if (o.kind === "failed") this.d.log.warn({ err: o.error, msgID: m.id, executor: m.executor, runs: m.runs.length }, "releaser thread could not publish a dispatch; publishing it from the node's thread under the same id");
     void this.release(m, sequences).then(done);
   }

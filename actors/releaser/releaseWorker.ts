@@ -1,7 +1,6 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { jetstream } from "@nats-io/jetstream";
-import type { NatsSettings } from "../../common/index.ts";
-import { connectNats } from "../../common/index.ts";
+import { connectNats, type NatsSettings } from "../../common/index.ts";
 import { BACKSTOP_MS, FREE, HELD, TAKEN, sharedMonotonicMs, type FromReleaser, type Hold, type ToReleaser } from "./shared.ts";
 
 /**
