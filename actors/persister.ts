@@ -23,6 +23,8 @@ export interface PersisterDeps {
    * recorded message, see ShardActor.start).
    */
   mayRelease: (shard: number) => "yes" | "wait" | "never";
+  /** Told when a dispatch publish got no answer (JetStream not answering: run timeouts wait for it to settle, see EventCatchUp). */
+  onJetStreamTrouble?: () => void;
   /** Told of each published run and when (lateness metrics). */
   onReleased?: (runs: ReadonlyArray<ShardDispatchRun>, atMs: number, executor: string) => void;
   /** Batches in flight at once (each one transaction on its own connection). */
@@ -437,7 +439,7 @@ export class Persister {
     const shards = [...new Set(runs.map((r) => r.shard))];
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
-      { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes") })).then(
+      { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes"), ...(this.d.onJetStreamTrouble ? { onTrouble: this.d.onJetStreamTrouble } : {}) })).then(
       (seq) => {
         this.noteLanded(runs, this.d.clock.now());
         for (const r of runs) sequences.set(r.runId, seq);
@@ -506,7 +508,7 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
-  opts: { keepTrying?: () => boolean } = {}): Promise<number> {
+  opts: { keepTrying?: () => boolean; onTrouble?: () => void } = {}): Promise<number> {
   const data = dispatchPayload(nodeId, runs);
   // Retried under the same id until it lands (JetStream drops a copy of one that did): while
   // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
@@ -518,6 +520,7 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
       // A copy dropped as a duplicate is acknowledged with the sequence of the one that landed.
       return (await js.publish(names.dispatchSubject(executor), data, { msgID, timeout: 2000 })).seq;
     } catch (e) {
+      opts.onTrouble?.();
       if (opts.keepTrying ? !opts.keepTrying() : Date.now() >= giveUpAt) throw e;
       await new Promise((r) => setTimeout(r, Math.min(1000, 50 * 2 ** attempt)));
     }

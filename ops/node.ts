@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { DeadLetters, DispatchDelivery, connectionUptime, encode, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
+import { DeadLetters, DispatchDelivery, connectionUptime, encode, noteJetStreamTrouble, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Releaser, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
@@ -114,6 +114,7 @@ export class AxNode {
     this.nc = await connectNats(c.nats, { name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
     connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
+    const jetStreamTrouble = noteJetStreamTrouble(this.nc, this.clock);
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc), this.ready);
     await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }), this.ready);
     await waitingFor(`creating the ${this.shardCount * 2 + 1} shard consumers`, c.replicas, () => ensureShardConsumers(jsm, this.names, this.shardCount), this.ready);
@@ -126,7 +127,9 @@ export class AxNode {
       store: this.store, redis: this.due.redis, nc: this.nc, jsm, clock: this.clock, log: this.log, metrics: this.metrics,
       // Back: start the shards that waited for it now rather than on the next heartbeat. Lost:
       // reconcile now (PostgreSQL lost while another node reaches it: the shards go there).
-      onChange: () => { this.supervisor?.kick(); },
+      // NATS down, or back: run timeouts wait until it has answered for a while (EventCatchUp),
+      // so the executors' completions of the outage land first.
+      onChange: (dep) => { if (dep === "nats") jetStreamTrouble(); this.supervisor?.kick(); },
     });
     this.health.start();
     this.dead = new DeadLetters({
@@ -149,6 +152,7 @@ export class AxNode {
       // A run is released only by a shard that is still this node's (not fenced, lease valid).
       mayRelease: (shard) => (!(this.actors.get(shard)?.releasable ?? false) ? "never" : this.supervisor.leaseValid(shard) ? "yes" : "wait"),
       releaser: this.releaser,
+      onJetStreamTrouble: jetStreamTrouble,
       releasableForMs: (shard) => ((this.actors.get(shard)?.releasable ?? false) ? this.supervisor.leaseRemainingMs(shard) : 0),
       onReleased: (runs, at, executor) => {
         // The labelled child is looked up (a key string built from the sorted labels) once per message, not per run.
@@ -168,7 +172,11 @@ export class AxNode {
       load: () => this.load(),
       failing: () => this.failing(),
       onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
-      onLease: (r) => { if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r }); },
+      onLease: (r) => {
+        if (r === "lost") this.metrics.leasesLost.inc(); else this.metrics.leaseRenewals.inc({ result: r });
+        // An unanswered renewal is JetStream not answering: timeouts wait for it to settle (EventCatchUp).
+        if (r === "unanswered") jetStreamTrouble();
+      },
       onRefused: (cause, e) => this.refusals.note(cause, e),
       controlKey: controlKey(this.dispatchSecret),
     });

@@ -38,17 +38,12 @@ export function jetStreamProgress(js: JetStreamClient, stream: string, durables:
   };
 }
 
-const uptimes = new WeakMap<NatsConnection, { sinceMono: number | null }>();
+const uptimes = new WeakMap<NatsConnection, { sinceMono: number | null; troubleMono: number }>();
 
-/**
- * How long `nc` has been connected without a break (ms; null while disconnected), from its
- * status events. One watcher per connection, shared by every caller; call it once early (the
- * node does at start) so an outage before the first shard actor is not missed.
- */
-export function connectionUptime(nc: NatsConnection, clock: Clock): () => number | null {
+function watched(nc: NatsConnection, clock: Clock): { sinceMono: number | null; troubleMono: number } {
   let u = uptimes.get(nc);
   if (!u) {
-    const state: { sinceMono: number | null } = { sinceMono: -Infinity };
+    const state: { sinceMono: number | null; troubleMono: number } = { sinceMono: -Infinity, troubleMono: -Infinity };
     u = state;
     uptimes.set(nc, state);
     void (async () => {
@@ -58,8 +53,28 @@ export function connectionUptime(nc: NatsConnection, clock: Clock): () => number
       }
     })().catch(() => undefined);
   }
-  const st = u;
-  return () => (st.sinceMono === null ? null : clock.monotonic() - st.sinceMono);
+  return u;
+}
+
+/**
+ * How long `nc` has been connected, and JetStream answering, without a break (ms; null while
+ * disconnected), from its status events and from {@link noteJetStreamTrouble}. One watcher per
+ * connection, shared by every caller; call it once early (the node does at start) so an outage
+ * before the first shard actor is not missed.
+ *
+ * A connection that stays up is not enough: when a clustered JetStream loses its stream leader,
+ * a node connected to a surviving server keeps its connection while the stream answers nobody
+ * for seconds, and an executor's completion of that time waits in its retry loop.
+ */
+export function connectionUptime(nc: NatsConnection, clock: Clock): () => number | null {
+  const st = watched(nc, clock);
+  return () => (st.sinceMono === null ? null : clock.monotonic() - Math.max(st.sinceMono, st.troubleMono));
+}
+
+/** Returns the function that tells `nc`'s watcher JetStream did not answer (a request timed out, a stream had no leader) just now. */
+export function noteJetStreamTrouble(nc: NatsConnection, clock: Clock): () => void {
+  const st = watched(nc, clock);
+  return () => { st.troubleMono = clock.monotonic(); };
 }
 
 /**
@@ -77,6 +92,8 @@ export class EventCatchUp {
   private confirmedUpTo = -Infinity;
   private check: { startedAt: number; waiters: Array<() => void> } | null = null;
   private stopped = false;
+  /** When this check's own JetStream requests last failed (monotonic). */
+  private troubleMono = -Infinity;
 
   constructor(
     private readonly progress: ConsumerProgress,
@@ -87,9 +104,11 @@ export class EventCatchUp {
       /**
        * The node's NATS uptime ({@link connectionUptime}). After an outage the executors'
        * completions of that time are still in their buffers, not in the stream: nothing is
-       * confirmed until the connection has been back `settleMs` (default 5 s), so they land first.
+       * confirmed until the connection has been back, and JetStream answering, `settleMs`
+       * (default 5 s), so they land first. A check whose own JetStream requests fail counts
+       * that as an outage too, and tells `onTrouble` (the node's other shards then wait as well).
        */
-      uptimeMs?: () => number | null; settleMs?: number;
+      uptimeMs?: () => number | null; settleMs?: number; onTrouble?: () => void;
     } = {},
   ) {}
 
@@ -121,15 +140,20 @@ export class EventCatchUp {
     let target: number | null = null;
     let last = "";
     while (!this.stopped) {
-      const up = this.opts.uptimeMs ? this.opts.uptimeMs() : Infinity; // null = disconnected now
+      const connected = this.opts.uptimeMs ? this.opts.uptimeMs() : Infinity; // null = disconnected now
+      const up = connected === null ? null : Math.min(connected, this.clock.monotonic() - this.troubleMono);
+      let asked = false;
       try {
         if (up === null || up < (this.opts.settleMs ?? 5000)) throw new Error(up === null ? "NATS disconnected" : `NATS back only ${Math.round(up)}ms ago; executors may still be publishing`);
+        asked = true;
+        // The target is read again after an outage: events published during it count too.
         target ??= await this.progress.streamLastSeq();
         const p = await this.progress.consumer();
         if (p.ackFloorSeq >= target || (p.pending === 0 && p.ackPending === 0)) return undefined;
         last = `consumer behind: ${p.pending} undelivered, ${p.ackPending} unacked, ack floor ${p.ackFloorSeq} < ${target}`;
       } catch (e) {
         last = `progress unknown: ${String((e as Error)?.message ?? e)}`;
+        if (asked) { this.troubleMono = this.clock.monotonic(); target = null; this.opts.onTrouble?.(); }
       }
       if (this.clock.monotonic() >= giveUpAt) {
         this.log.warn({ since: new Date(startedAt).toISOString(), why: last }, "could not confirm the shard's events were read; acting on timeouts anyway");

@@ -10,6 +10,6 @@ export {
   shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER,
 } from "./jetstream.ts";
 export { DispatchDelivery, type DeliveryView } from "./delivery.ts";
-export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
+export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, noteJetStreamTrouble, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { Executor, NonRetryableError, CancelledError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";
 export { DeadLetters, DEAD_HEADERS, listDeadLetters, nakLater, redeliveryDelayMs, type DeadCause, type DeadLetter, type DeadLettersOptions } from "./deadLetter.ts";

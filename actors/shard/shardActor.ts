@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
 import {
-  EventCatchUp, connectionUptime, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
+  EventCatchUp, connectionUptime, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 import { Horizon } from "./horizon.ts";
@@ -159,7 +159,7 @@ export class ShardActor implements EventSink {
     const prevConsumer = () => (this.prevOwnerNode && this.prevOwnerNode !== deps.nodeId ? [nodeEventsConsumer(this.prevOwnerNode)] : []);
     this.catchUp = new EventCatchUp(jetStreamProgress(deps.js, deps.names.eventsStream,
       () => [shardEventsConsumer(shard), nodeEventsConsumer(deps.nodeId), ...prevConsumer()], (d) => prevConsumer().includes(d)),
-      deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock) });
+      deps.clock, this.log, { uptimeMs: connectionUptime(deps.nc, deps.clock), onTrouble: noteJetStreamTrouble(deps.nc, deps.clock) });
     this.consumers = new ShardConsumers({
       shard, nc: deps.nc, js: deps.js, names: deps.names, log: this.log,
       ...(deps.pullExpiresMs !== undefined ? { pullExpiresMs: deps.pullExpiresMs } : {}), ...(deps.dead ? { dead: deps.dead } : {}),
