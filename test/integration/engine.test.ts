@@ -23,6 +23,13 @@ afterEach(async () => {
   await tc?.teardown(); tc = null;
 });
 
+/**
+ * The lease TTL of the tests whose leads are seconds long: a message is handed to the releaser
+ * thread only if its shards' leases stay valid until its release time, which the tests' 2 s
+ * lease does not promise a second ahead (the product default is 6 s).
+ */
+const LEASE_FOR_LEAD = "8s";
+
 interface Start { runId: string; task: string; startedAt: number; scheduledAt: number }
 
 /** A handler that notes each run's start on the clock that defines "due". */
@@ -40,17 +47,18 @@ async function oneNode(prefix: string, nodeId: string, env: Record<string, strin
   tc = new TestCluster(prefix, env);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
   const starts: Start[] = [];
-  await tc.startNode(nodeId);
+  const node = await tc.startNode(nodeId);
   await tc.waitForShards();
   const ex = await tc.startExecutor("w", recordInto(starts));
   await ex.registered;
   // Returned as well, non-null, for the test to use (afterEach closes the module's copies).
-  return { tc, store, starts, client: await tc.client() };
+  return { tc, store, starts, node, client: await tc.client() };
 }
 
 describe("engine v2", () => {
-  it("records runs ahead of their due time, releases them at it (never early) in messages carrying several shards", async () => {
-    const { tc, store, starts, client } = await oneNode("eng", "e1", { AX_LEAD: "1500ms" });
+  // The default releases on the node's main thread; AX_RELEASER=thread adds the backstop thread (actors/releaser).
+  it.each(["inline", "thread"])("records runs ahead of their due time, releases them at it (never early) in messages carrying several shards (AX_RELEASER=%s)", async (releaser) => {
+    const { tc, store, starts, client, node } = await oneNode(`eng${releaser[0]}`, "e1", { AX_LEAD: "1500ms", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD });
     nc = await connect({ servers: tc.config.natsUrl });
     const messages: Array<{ v: number; shards: number[]; at: number }> = [];
     nc.subscribe(names(tc.ns).dispatchSubject("w"), {
@@ -71,6 +79,10 @@ describe("engine v2", () => {
     expect(Math.max(...messages.map((m) => new Set(m.shards).size))).toBeGreaterThan(1);
     expect(messages.length).toBeLessThan(tasks.length);
     for (const m of messages) expect(m.at).toBeGreaterThanOrEqual(due);
+    // The thread is in use only where asked for: it had every message handed over.
+    const rel = ((await node.status()) as { releaser: { held: number } | null }).releaser;
+    if (releaser === "thread") expect(rel?.held, "messages handed to the releaser thread").toBeGreaterThanOrEqual(messages.length);
+    else expect(rel).toBeNull();
     // Recorded before the due time: the write is not on the fire path.
     await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 10_000, "every completion recorded");
     for (const t of tasks) {
@@ -105,8 +117,8 @@ describe("engine v2", () => {
     for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(s.scheduledAt);
   });
 
-  it("a pause before the due time withdraws the recorded run; resume catches the slot up once", async () => {
-    const { store, starts, client } = await oneNode("engp", "p1", { AX_LEAD: "2s" });
+  it.each(["inline", "thread"])("a pause before the due time withdraws the recorded run; resume catches the slot up once (AX_RELEASER=%s)", async (releaser) => {
+    const { store, starts, client, node } = await oneNode(`engp${releaser[0]}`, "p1", { AX_LEAD: "2s", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD });
     const due = Date.now() + 5000;
     await client.call("task.create", { name: "held", executor: "w", at: new Date(due).toISOString() });
     const recorded = await waitFor(async () => (await runsOf(store!, "held")).find((r) => r.state === "running"), 6000, "run recorded ahead of its due time");
@@ -117,6 +129,9 @@ describe("engine v2", () => {
     const withdrawn = (await runsOf(store, "held")).find((r) => r.id === recorded.id)!;
     expect(withdrawn.state).toBe("refused");
     expect(withdrawn.error).toMatch(/withdrawn before dispatch: the task was paused/);
+    // With the releaser thread the recorded message was handed over, and the pause claimed it back.
+    const rel = ((await node.status()) as { releaser: { held: number; claimed: number; taken: number } | null }).releaser;
+    if (releaser === "thread") expect(rel && rel.held > 0 && rel.claimed === rel.held && rel.taken === 0, JSON.stringify(rel)).toBe(true);
     await client.call("task.resume", { task: "held" });
     await waitFor(() => starts.length === 1, 10_000, "the catch-up after resume");
     await sleep(1000);
