@@ -43,8 +43,14 @@ beforeAll(async () => {
   nc = await connectNats(tc.config.nats);
   jsm = await jetstreamManager(nc);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+  // One sample at a time: two reads in flight on the pool's two connections can answer out of
+  // order, and an older answer read last looked like an epoch going down (6, 2^40+6, 6, …).
+  let sampling = false;
   sampler = setInterval(() => {
-    void store.listShards().then((rows) => { for (const r of rows) { const l = epochs.get(r.shard) ?? []; if (l.at(-1) !== r.epoch) l.push(r.epoch); epochs.set(r.shard, l); } }, () => undefined);
+    if (sampling) return;
+    sampling = true;
+    void store.listShards().then((rows) => { for (const r of rows) { const l = epochs.get(r.shard) ?? []; if (l.at(-1) !== r.epoch) l.push(r.epoch); epochs.set(r.shard, l); } }, () => undefined)
+      .finally(() => { sampling = false; });
   }, 50);
   await waitFor(() => fires.length >= 2 * TASKS, 15_000, "the tasks fire");
 }, 60_000);
