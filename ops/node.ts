@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
-import { DeadLetters, DispatchDelivery, connectionUptime, encode, noteJetStreamTrouble, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
+import { DeadLetters, DispatchDelivery, encode, noteJetStreamTrouble, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
 import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Releaser, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
@@ -113,7 +113,8 @@ export class AxNode {
     await this.due.check();
     this.nc = await connectNats(c.nats, { name: `ax-node:${this.id}`, maxReconnectAttempts: -1 });
     this.js = jetstream(this.nc);
-    connectionUptime(this.nc, this.clock); // watched from the start (see EventCatchUp)
+    // Watches the connection from the start (see EventCatchUp: an outage before the first shard
+    // actor counts too); the node tells it when JetStream did not answer.
     const jetStreamTrouble = noteJetStreamTrouble(this.nc, this.clock);
     const jsm = await waitingFor("checking that JetStream is enabled", c.replicas, () => jetstreamManager(this.nc), this.ready);
     await waitingFor(`creating the streams ${this.names.dispatchStream} and ${this.names.eventsStream}`, c.replicas, () => ensureStreams(jsm, this.names, { replicas: c.replicas, reconcileReplicas: true, deadLetters: true }), this.ready);

@@ -38,22 +38,23 @@ export function jetStreamProgress(js: JetStreamClient, stream: string, durables:
   };
 }
 
-const uptimes = new WeakMap<NatsConnection, { sinceMono: number | null; troubleMono: number }>();
+/** What the watcher of one connection knows: since when it is connected (null: not now), and when JetStream last did not answer. */
+interface Watch { sinceMono: number | null; troubleMono: number }
+const uptimes = new WeakMap<NatsConnection, Watch>();
 
-function watched(nc: NatsConnection, clock: Clock): { sinceMono: number | null; troubleMono: number } {
-  let u = uptimes.get(nc);
-  if (!u) {
-    const state: { sinceMono: number | null; troubleMono: number } = { sinceMono: -Infinity, troubleMono: -Infinity };
-    u = state;
-    uptimes.set(nc, state);
-    void (async () => {
-      for await (const s of nc.status()) {
-        if (s.type === "disconnect") state.sinceMono = null;
-        else if (s.type === "reconnect") state.sinceMono = clock.monotonic();
-      }
-    })().catch(() => undefined);
-  }
-  return u;
+/** The connection's watcher, started on first use (its status events). */
+function watched(nc: NatsConnection, clock: Clock): Watch {
+  const known = uptimes.get(nc);
+  if (known) return known;
+  const state: Watch = { sinceMono: -Infinity, troubleMono: -Infinity };
+  uptimes.set(nc, state);
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect") state.sinceMono = null;
+      else if (s.type === "reconnect") state.sinceMono = clock.monotonic();
+    }
+  })().catch(() => undefined);
+  return state;
 }
 
 /**
@@ -71,7 +72,10 @@ export function connectionUptime(nc: NatsConnection, clock: Clock): () => number
   return () => (st.sinceMono === null ? null : clock.monotonic() - Math.max(st.sinceMono, st.troubleMono));
 }
 
-/** Returns the function that tells `nc`'s watcher JetStream did not answer (a request timed out, a stream had no leader) just now. */
+/**
+ * Returns the function that tells `nc`'s watcher JetStream did not answer (a request timed out,
+ * a stream had no leader) just now. Starts the watcher too, like {@link connectionUptime}.
+ */
 export function noteJetStreamTrouble(nc: NatsConnection, clock: Clock): () => void {
   const st = watched(nc, clock);
   return () => { st.troubleMono = clock.monotonic(); };
