@@ -2,7 +2,7 @@ export { ShardActor, type ShardActorDeps, type ShardCommand, type CommandReply, 
 export { nextPointer, backoffMs, compiledOf, TriggerStuckError, isTriggerStuck, type Pointer } from "./shard/schedule.ts";
 export type { DefinitionChange } from "./shard/update.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";
-export { Persister, replayParts, type ShardDispatchRun } from "./persister.ts";
+export { Persister, REVOKE_MARGIN_MS, replayParts, type ShardDispatchRun } from "./persister.ts";
 export { NodeEvents } from "./events/index.ts";
 export { Releaser, type Held, type ReleaseOutcome } from "./releaser/index.ts";
 export { InFlightLimiter } from "./limiter.ts";

@@ -1,5 +1,5 @@
 import type { JetStreamClient } from "@nats-io/jetstream";
-import { atWallTime, type Clock, type Logger, type Names } from "../common/index.ts";
+import { atWallTime, type Clock, type Logger, type Names, type TimerHandle } from "../common/index.ts";
 import { encode, type DispatchRun } from "../protocol/index.ts";
 import type { DispatchRecord, ShardWrite, Store } from "./store/index.ts";
 import type { ReleaseOutcome, Releaser } from "./releaser/index.ts";
@@ -38,6 +38,20 @@ export interface PersisterDeps {
   releaser?: Releaser | null;
   /** How long from now the shard's runs may be released here (its lease's validity left; 0: not releasable). Needed with `releaser`. */
   releasableForMs?: (shard: number) => number;
+  /**
+   * Whether the executor's instances hold a run until its due time (they registered `holds`, as
+   * the SDK does): its runs are then published as soon as they are written, ahead of their due
+   * time, and the executor starts each at it. Otherwise (or without this) a message is published
+   * at its runs' due time.
+   */
+  holdsAhead?: (executor: string) => boolean;
+  /** Tells the executor's instances not to start these runs, published ahead and withdrawn before their due time. Needed with `holdsAhead`. */
+  revoke?: (executor: string, runIds: string[]) => void;
+  /**
+   * Tells the executor's instances that this node's wall clock stepped back by `-stepMs` (see
+   * watchClock): a run it sent before the step is held that much longer. Needed with `holdsAhead`.
+   */
+  clockStepped?: (executor: string, stepMs: number) => void;
 }
 
 /**
@@ -56,6 +70,24 @@ const RELEASE_STEP_MS = 5;
 export const LATE_LANDING_MS = 250;
 /** How long a late landing is remembered (a timeout longer than this counts from the release). */
 const LANDED_KEPT_MS = 10 * 60_000;
+
+/**
+ * A run published ahead of its due time (to an executor that holds it) is withdrawn only while
+ * its due time is at least this far off: the revoke must reach the executor's instances before
+ * the run's start there. Closer to the due time a pause, cancel or update no longer withdraws the
+ * run, as for a run already released at its due time.
+ */
+export const REVOKE_MARGIN_MS = 50;
+
+/**
+ * While runs sent ahead may be held by executors, the wall clock is compared with the monotonic
+ * one this often; a backward step of more than CLOCK_STEP_TOLERANCE_MS is told to the executors
+ * that got messages within the last RECENT_AHEAD_MS (slewing moves the two apart by well under
+ * a millisecond a second).
+ */
+const CLOCK_CHECK_MS = 10;
+const CLOCK_STEP_TOLERANCE_MS = 2;
+const RECENT_AHEAD_MS = 30_000;
 
 /** A batch that published nothing: no run's stream sequence to note. */
 const NO_SEQUENCES: ReadonlyMap<string, number> = new Map();
@@ -137,8 +169,17 @@ export class Persister {
   private readonly lanes: number;
   /** Written messages waiting for their release time, by run id (see withdraw()). */
   private readonly held = new Map<string, Message>();
+  /** Runs published ahead of their due time to an executor that holds them, roughly in due order: run id → executor and due time (see withdraw()). */
+  private readonly ahead = new Map<string, { executor: string; firedAt: number }>();
+  /** Revokes to send on the next turn, by executor (one message for the runs a round withdrew). */
+  private revokes: Map<string, string[]> | null = null;
+  /** Executors sent runs ahead lately: executor → monotonic time of the last such message (see watchClock). */
+  private readonly aheadTo = new Map<string, number>();
+  /** The clock watch while it runs: its timer and the last wall - monotonic reading. */
+  private clockWatch: { timer: TimerHandle; wallMinusMono: number } | null = null;
+  private closed = false;
   /** `beside`: batches started while another lane was writing; `leftQueued`: times a lane passed over a queued write (a row in common, or the batch full). */
-  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, withdrawn: 0, notReleased: 0 };
+  readonly stats = { batches: 0, beside: 0, leftQueued: 0, rows: 0, lastBatchMs: 0, maxBatchWrites: 0, messages: 0, publishFailures: 0, held: 0, ahead: 0, withdrawn: 0, revoked: 0, clockSteps: 0, notReleased: 0 };
   constructor(private readonly d: PersisterDeps) { this.lanes = d.lanes ?? 2; }
 
   submit(write: ShardWrite, dispatch: ReadonlyMap<string, ShardDispatchRun[]> = new Map()): Promise<Submitted> {
@@ -237,7 +278,8 @@ export class Persister {
 
   /**
    * One message per executor and release time (runs fired at once go out at once; runs written
-   * ahead of their due time wait for it, rounded up to RELEASE_STEP_MS), cut at RUNS_PER_MESSAGE
+   * ahead of their due time wait for it, rounded up to RELEASE_STEP_MS, unless their executor
+   * holds them: then they go out at once as well), cut at RUNS_PER_MESSAGE
    * runs or about BYTES_PER_MESSAGE. Its id is fixed before the write and written on every run it carries.
    */
   private compose(batch: ReadonlyArray<{ write: ShardWrite; dispatch: ReadonlyMap<string, ShardDispatchRun[]> }>): Message[] {
@@ -245,8 +287,10 @@ export class Persister {
     const now = this.d.clock.now();
     for (const b of batch) {
       for (const [executor, runs] of b.dispatch) {
+        // An executor that holds runs until their due time gets them all at once, due or not.
+        const ahead = this.d.holdsAhead?.(executor) ?? false;
         for (const r of runs) {
-          const releaseAt = r.firedAt <= now ? 0 : Math.ceil(r.firedAt / RELEASE_STEP_MS) * RELEASE_STEP_MS;
+          const releaseAt = r.firedAt <= now || ahead ? 0 : Math.ceil(r.firedAt / RELEASE_STEP_MS) * RELEASE_STEP_MS;
           const key = `${releaseAt}|${executor}`;
           let g = groups.get(key);
           if (!g) { g = { executor, releaseAt, runs: [] }; groups.set(key, g); }
@@ -280,13 +324,22 @@ export class Persister {
   }
 
   /**
-   * Takes a written run out of its message before the message is released (the task was paused,
-   * cancelled or removed before the run's due time). True if it will not be published; false if
-   * it was published already (or is not held here).
+   * Takes a written run back before its due time (the task was paused, cancelled, removed or
+   * updated). True if it will not be published; "revoked" if it was published ahead to an
+   * executor that holds it and is now revoked there (its due time at least REVOKE_MARGIN_MS off);
+   * false if it was published already (or is not held here).
    */
-  withdraw(runId: string): boolean {
+  withdraw(runId: string): boolean | "revoked" {
     const m = this.held.get(runId);
-    if (!m) return this.withdrawQueued(runId);
+    if (!m) {
+      const a = this.ahead.get(runId);
+      if (!a) return this.withdrawQueued(runId);
+      this.ahead.delete(runId);
+      if (a.firedAt - this.d.clock.now() < REVOKE_MARGIN_MS || !this.d.revoke) return false;
+      this.stats.revoked++;
+      this.queueRevoke(a.executor, runId);
+      return "revoked";
+    }
     if (m.handed) {
       const { slot, sequences, done } = m.handed;
       // Taken by the releaser thread already: it is being published (or comes back to release()).
@@ -302,6 +355,59 @@ export class Persister {
     m.runs = m.runs.filter((r) => r.runId !== runId);
     this.stats.withdrawn++;
     return true;
+  }
+
+  /** One revoke message per executor for the runs withdrawn in this turn (a round may withdraw many). */
+  private queueRevoke(executor: string, runId: string): void {
+    if (!this.revokes) {
+      this.revokes = new Map();
+      queueMicrotask(() => {
+        const all = this.revokes!; this.revokes = null;
+        for (const [ex, ids] of all) this.d.revoke!(ex, ids);
+      });
+    }
+    const list = this.revokes.get(executor);
+    if (list) list.push(runId); else this.revokes.set(executor, [runId]);
+  }
+
+  /**
+   * A run sent ahead is held by its executor for `firedAt - sentAt` of its own monotonic time: if
+   * this node's wall clock steps back meanwhile, that ends before the due time on the new clock.
+   * So while executors may hold runs of this node, the step is looked for (wall - monotonic
+   * falling) and told to them, and they hold those runs that much longer. A forward step needs
+   * nothing: held runs then start late, never early.
+   */
+  private watchClock(): void {
+    if (this.clockWatch || this.closed || !this.d.clockStepped) return;
+    const check = (): void => {
+      const w = this.clockWatch;
+      if (!w) return;
+      const mono = this.d.clock.monotonic();
+      const wallMinusMono = this.d.clock.now() - mono;
+      const step = wallMinusMono - w.wallMinusMono;
+      if (step < -CLOCK_STEP_TOLERANCE_MS) {
+        this.stats.clockSteps++;
+        const told = [...this.aheadTo].filter(([, at]) => mono - at < RECENT_AHEAD_MS).map(([ex]) => ex);
+        this.d.log.warn({ stepMs: Math.round(step), executors: told }, "the wall clock stepped back: executors holding runs sent ahead hold them that much longer");
+        for (const ex of told) this.d.clockStepped!(ex, Math.round(step));
+      }
+      for (const [ex, at] of this.aheadTo) if (mono - at >= RECENT_AHEAD_MS) this.aheadTo.delete(ex);
+      if (!this.aheadTo.size) { this.clockWatch = null; return; }
+      w.wallMinusMono = wallMinusMono;
+      w.timer = this.d.clock.setTimeout(check, CLOCK_CHECK_MS);
+    };
+    this.clockWatch = { timer: this.d.clock.setTimeout(check, CLOCK_CHECK_MS), wallMinusMono: this.d.clock.now() - this.d.clock.monotonic() };
+  }
+
+  /** Stops the clock watch (the node is stopping). */
+  close(): void {
+    this.closed = true;
+    if (this.clockWatch) { this.d.clock.clearTimeout(this.clockWatch.timer); this.clockWatch = null; }
+  }
+
+  /** Forgets runs published ahead whose due time has passed (no longer withdrawable), oldest first. */
+  private pruneAhead(now: number): void {
+    for (const [id, a] of this.ahead) { if (a.firedAt > now) break; this.ahead.delete(id); }
   }
 
   /** A run of a write still queued (its shard's previous round is being written): taken out of its dispatch. */
@@ -356,7 +462,15 @@ export class Persister {
       });
       return;
     }
-    for (const r of m.runs) this.held.delete(r.runId);
+    const now = this.d.clock.now();
+    let ahead = false;
+    for (const r of m.runs) {
+      this.held.delete(r.runId);
+      // Released before its due time: its executor holds it (see compose), and until then a revoke can still stop it.
+      if (r.firedAt > now) { this.ahead.set(r.runId, { executor: m.executor, firedAt: r.firedAt }); this.stats.ahead++; ahead = true; }
+    }
+    this.pruneAhead(now);
+    if (ahead) { this.aheadTo.set(m.executor, this.d.clock.monotonic()); this.watchClock(); }
     void this.release(m, sequences).then(done);
   }
 
@@ -372,7 +486,7 @@ export class Persister {
     let validForMs = Infinity;
     for (const s of shards) validForMs = Math.min(validForMs, this.d.releasableForMs(s));
     if (!(validForMs > m.releaseAt - this.d.clock.now())) return null;
-    const held = releaser.hold({ subject: this.d.names.dispatchSubject(m.executor), msgID: m.id, data: dispatchPayload(this.d.nodeId, m.runs), releaseAt: m.releaseAt, validForMs, shards });
+    const held = releaser.hold({ subject: this.d.names.dispatchSubject(m.executor), msgID: m.id, data: dispatchPayload(this.d.nodeId, m.runs, m.releaseAt), releaseAt: m.releaseAt, validForMs, shards });
     if (!held) return null;
     m.handed = { slot: held.slot, sequences, done };
     void held.outcome.then((o) => this.onHandedReleased(m, o));
@@ -439,7 +553,7 @@ export class Persister {
     const shards = [...new Set(runs.map((r) => r.shard))];
     for (const r of runs) this.publishing.add(r.runId);
     return noted.then(() => publishDispatch(this.d.js, this.d.names, this.d.nodeId, m.executor, m.id, runs,
-      { keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes"), ...(this.d.onJetStreamTrouble ? { onTrouble: this.d.onJetStreamTrouble } : {}) })).then(
+      { sentAt: this.d.clock.now(), keepTrying: () => shards.every((s) => this.d.mayRelease(s) === "yes"), ...(this.d.onJetStreamTrouble ? { onTrouble: this.d.onJetStreamTrouble } : {}) })).then(
       (seq) => {
         this.noteLanded(runs, this.d.clock.now());
         for (const r of runs) sequences.set(r.runId, seq);
@@ -508,8 +622,9 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
-  opts: { keepTrying?: () => boolean; onTrouble?: () => void } = {}): Promise<number> {
-  const data = dispatchPayload(nodeId, runs);
+  opts: { keepTrying?: () => boolean; onTrouble?: () => void; sentAt?: number } = {}): Promise<number> {
+  // A copy sent again later keeps the first `sentAt`: an executor then holds its runs longer, never less.
+  const data = dispatchPayload(nodeId, runs, opts.sentAt ?? Date.now());
   // Retried under the same id until it lands (JetStream drops a copy of one that did): while
   // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
   // seconds must delay these runs, not lose them (a run whose publish gave up after four tries
@@ -527,9 +642,13 @@ export async function publishDispatch(js: JetStreamClient, names: Names, nodeId:
   }
 }
 
-/** The body of a v2 dispatch message. */
-function dispatchPayload(nodeId: string, runs: ReadonlyArray<ShardDispatchRun>): Uint8Array {
-  return encode({ v: 2, node: nodeId, runs });
+/**
+ * The body of a v2 dispatch message. `sentAt` (this node's clock) lets an executor that holds runs
+ * start each one `firedAt - sentAt` after it received the message, on its own monotonic clock:
+ * never before the due time, whatever the skew between the two machines' wall clocks.
+ */
+function dispatchPayload(nodeId: string, runs: ReadonlyArray<ShardDispatchRun>, sentAt: number): Uint8Array {
+  return encode({ v: 2, node: nodeId, sentAt, runs });
 }
 
 /** Rows a write changes (its ledger and definition rows counted too). */

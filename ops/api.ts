@@ -371,7 +371,7 @@ export class Api {
   private async registerExecutor(a: Record<string, unknown>): Promise<unknown> {
     const name = str("name", a.name);
     if (!/^[A-Za-z0-9_-]{1,64}$/.test(name)) throw new InvalidInputError("name", name, "letters, digits, _ or - only");
-    await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now());
+    await this.d.store.upsertExecutor(name, a.kind === "http" ? "http" : "nats", a.maxInFlight ? intIn("maxInFlight", a.maxInFlight, 1, 10_000_000) : null, this.d.clock.now(), a.holds === true);
     // The node makes the executor's durable consumer: on a least-privilege NATS (deploy/nats)
     // executors may only pull their own consumer, not create one (a creator picks the filter).
     // An `http` executor is a bridge (ax executor http) that pulls its dispatches the same way.

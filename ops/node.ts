@@ -16,6 +16,8 @@ import { DependencyHealth, type Dependency } from "./health.ts";
 import { AlertDispatcher } from "./alerts.ts";
 
 const NODE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** How often a node reads the registered executors again (limits and `holds` registered through another node). */
+const EXECUTORS_REFRESH_MS = 10_000;
 
 export interface NodeOptions {
   config: AxConfig;
@@ -61,6 +63,9 @@ export class AxNode {
   private subs: Subscription[] = [];
   private http: HttpServer | null = null;
   private pruneTimer: NodeJS.Timeout | null = null;
+  private executorsTimer: NodeJS.Timeout | null = null;
+  /** Executors registered as holding runs received ahead of their due time (see Persister's holdsAhead). */
+  private readonly holdingExecutors = new Set<string>();
   private readonly firedWindow = new RateWindow(5000, 100);
   private readonly refusals: RefusalLog;
   private readonly deadLog: RefusalLog;
@@ -155,6 +160,10 @@ export class AxNode {
       releaser: this.releaser,
       onJetStreamTrouble: jetStreamTrouble,
       releasableForMs: (shard) => ((this.actors.get(shard)?.releasable ?? false) ? this.supervisor.leaseRemainingMs(shard) : 0),
+      holdsAhead: (executor) => this.holdingExecutors.has(executor),
+      // Core NATS, to every instance: the one holding a run (or receiving it later) drops it.
+      revoke: (executor, runIds) => this.nc.publish(this.names.executorCancelSubject(executor), encode({ revoke: runIds })),
+      clockStepped: (executor, stepMs) => this.nc.publish(this.names.executorCancelSubject(executor), encode({ clockStep: { node: this.id, ms: stepMs } })),
       onReleased: (runs, at, executor) => {
         // The labelled child is looked up (a key string built from the sorted labels) once per message, not per run.
         const lateness = this.metrics.lateness.labels({ executor });
@@ -163,7 +172,7 @@ export class AxNode {
     });
     this.delivery = new DispatchDelivery({ jsm, names: this.names, clock: this.clock });
     this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
-    for (const e of await this.store.listExecutors()) this.limiter.setLimit(e.name, e.maxInFlight);
+    this.noteExecutors(await this.store.listExecutors());
 
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
     this.supervisor = new ShardSupervisor({
@@ -203,7 +212,11 @@ export class AxNode {
         const skip = args !== null && typeof args === "object" && typeof args.skip === "number" && Number.isSafeInteger(args.skip) && args.skip > 0 ? args.skip : 0;
         if (skip) delete args.skip;
         this.api.call(op, args, { who }).then((v) => {
-          if (op.startsWith("executor.register") && typeof args.maxInFlight === "number") this.limiter.setLimit((v as { name: string }).name, args.maxInFlight);
+          if (op.startsWith("executor.register")) {
+            const name = (v as { name: string }).name;
+            if (typeof args.maxInFlight === "number") this.limiter.setLimit(name, args.maxInFlight);
+            if (args.holds === true) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
+          }
           this.reply(msg, okEnvelope(v), op, args, skip);
         }, (e) => this.reply(msg, errEnvelope(e)));
       },
@@ -226,6 +239,9 @@ export class AxNode {
       void this.store.pruneDispatches(this.clock.now() - 600_000).catch(() => undefined);
     }, 60_000);
     this.pruneTimer.unref();
+    // A registration is answered by one node; the others learn it here (its limit, whether it holds runs).
+    this.executorsTimer = setInterval(() => { void this.store.listExecutors().then((list) => this.noteExecutors(list), () => undefined); }, EXECUTORS_REFRESH_MS);
+    this.executorsTimer.unref();
     // Nodes that are gone may have left events behind; drained once this node has seen the
     // cluster for a while (a node that just started does not know who is alive yet).
     const since = this.clock.monotonic();
@@ -337,6 +353,14 @@ export class AxNode {
       stop: async () => { sub.unsubscribe(); await actor.stop(); forget(); },
       fence: (reason) => { sub.unsubscribe(); actor.fence(reason); forget(); },
     };
+  }
+
+  /** Takes in the registered executors: each one's in-flight limit, and whether its runs may go out ahead of their due time. */
+  private noteExecutors(list: ReadonlyArray<{ name: string; maxInFlight: number; holds: boolean }>): void {
+    for (const e of list) {
+      this.limiter.setLimit(e.name, e.maxInFlight);
+      if (e.holds) this.holdingExecutors.add(e.name); else this.holdingExecutors.delete(e.name);
+    }
   }
 
   /**
@@ -482,6 +506,7 @@ export class AxNode {
     this.stopped = true;
     this.log.info("node stopping: no new fires, flushing, releasing leases");
     if (this.pruneTimer) clearInterval(this.pruneTimer);
+    if (this.executorsTimer) clearInterval(this.executorsTimer);
     if (this.orphanTimer) clearInterval(this.orphanTimer);
     if (this.streamTimer) clearInterval(this.streamTimer);
     this.health?.stop();
@@ -489,6 +514,7 @@ export class AxNode {
     // nothing more: runs written ahead stay recorded for the shards' next owners.
     for (const s of this.supervisor?.ownedShards() ?? []) this.persister?.revoke(s);
     await this.supervisor?.stop().catch((e) => this.log.error({ err: String(e) }, "supervisor stop failed"));
+    this.persister?.close();
     await this.releaser?.close();
     await this.nodeEvents?.stop();
     await this.deps?.stop();

@@ -5,6 +5,7 @@ import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type N
 import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, isInt, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
 import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
+import { HoldClock } from "./hold.ts";
 
 export interface RunContext {
   runId: string;
@@ -79,6 +80,13 @@ export interface ExecutorOptions {
    * or changed, a retry superseded it). Default 2 s. Expired runs are refused without asking.
    */
   staleCheckAfterMs?: number;
+  /**
+   * Registers this executor as holding runs until their due time (default true): nodes then
+   * publish its runs as soon as they are recorded, ahead of their due time, and each instance
+   * starts each run at it (and drops runs the scheduler revokes before it). False: nodes publish
+   * each run at its due time. The latest registration of the name decides for every instance.
+   */
+  holdAhead?: boolean;
 }
 
 const EXECUTOR_NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
@@ -205,6 +213,17 @@ export class Executor {
   private finished = new Set<string>();
   private finishedOld = new Set<string>();
   private readonly finishedCap = 100_000;
+  /**
+   * Runs received ahead of their due time and waiting for it here: run id → set once an operator
+   * cancelled it meanwhile (`ax run cancel`: it then ends cancelled without its handler).
+   */
+  private readonly holding = new Map<string, { cancelledBy: string | null }>();
+  /** Runs the scheduler revoked before their due time (withdrawn: a pause, cancel, removal or update), in two generations like `finished`; never started here. */
+  private revoked = new Set<string>();
+  private readonly holdClock = new HoldClock();
+  /** Backward steps of nodes' wall clocks they told of (clockStep), with when they arrived here; kept a minute. */
+  private clockSteps: Array<{ node: string; mono: number; ms: number }> = [];
+  private revokedOld = new Set<string>();
   private slots: number;
   private slotWaiters: Array<() => void> = [];
   /** Buffered events by route key (see Route); each list carries its route. */
@@ -225,7 +244,7 @@ export class Executor {
   /** Resolves once a node has recorded this executor (tasks may name it from then on). */
   readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
   /** expired: refused past their deadline; stale: refused because run.check said so (task removed or changed, superseded). */
-  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0 };
+  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0, held: 0, revoked: 0 };
   private readonly startedMs = Date.now();
   private heartbeatTimer: NodeJS.Timeout | null = null;
   private cancelSub: { unsubscribe(): void } | null = null;
@@ -308,7 +327,9 @@ export class Executor {
   }
 
   private async registerLoop(): Promise<void> {
-    const body = encode({ name: this.name, kind: this.opts.kind ?? "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance });
+    // `holds`: this instance starts a run received ahead of its due time at that time, and obeys
+    // revokes (see onMessage), so nodes may publish its runs as soon as they are recorded.
+    const body = encode({ name: this.name, kind: this.opts.kind ?? "nats", maxInFlight: this.opts.maxInFlight ?? null, instance: this.instance, holds: this.opts.holdAhead !== false });
     for (let i = 0; !this.stopping; i++) {
       try {
         // Its own subject (<ns>.api.executor.register.<name>): NATS permissions can allow exactly this one.
@@ -323,6 +344,7 @@ export class Executor {
   }
 
   private async onMessage(m: JsMsg): Promise<void> {
+    const receivedMono = performance.now();
     const d = decodeDispatch(m.data);
     if (!d.ok) {
       this.stats.malformed++;
@@ -349,6 +371,18 @@ export class Executor {
         fresh.push(run);
         this.claimed.add(run.runId);
       }
+      // A message may come ahead of its runs' due times (this executor registered `holds`): each
+      // run starts `firedAt - sentAt` after the message arrived, measured here on the monotonic
+      // clock (less the transit credit, see HoldClock), so not before its due time on the node's
+      // clock whatever the skew between the two machines' wall clocks. In due order, so one
+      // timer at a time serves the message.
+      const sentAt = batch.v === 2 ? batch.sentAt : undefined;
+      const credit = sentAt !== undefined ? this.holdClock.creditFor(batch.node, sentAt, receivedMono) : 0;
+      if (sentAt !== undefined) {
+        fresh.sort((a, b) => a.firedAt - b.firedAt);
+        // Known as held from now on, all of them (an operator's cancel finds any of them).
+        for (const r of fresh) if (r.firedAt > sentAt) { this.holding.set(r.runId, { cancelledBy: null }); this.stats.held++; }
+      }
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
       const suspect = fresh.filter((r) => expired.has(r.runId) || m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
       const verdicts: Map<string, string> & { answered?: boolean } = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
@@ -361,9 +395,34 @@ export class Executor {
         }
         const why = verdicts.get(run.runId);
         if (why) { this.stats.stale++; this.refuseStale(batch, run, why); continue; }
+        let cancelledBy: string | null = null;
+        const hold = this.holding.get(run.runId);
+        if (hold && sentAt !== undefined) {
+          let startMono = HoldClock.startAt(run.firedAt, sentAt, receivedMono, credit);
+          for (let shifted = 0; ;) {
+            // A timer may fire a fraction of a millisecond before its time on this clock: wait again then.
+            for (let left = startMono - performance.now(); left > 0; left = startMono - performance.now()) {
+              await new Promise((r) => setTimeout(r, Math.ceil(left)));
+            }
+            // The node's clock stepped back since this message came: its due times are that much later now.
+            const shift = this.clockStepSince(batch.node, receivedMono);
+            if (shift <= shifted) break;
+            startMono += shift - shifted;
+            shifted = shift;
+          }
+          this.holding.delete(run.runId);
+          cancelledBy = hold.cancelledBy;
+        }
+        if (this.revoked.has(run.runId) || this.revokedOld.has(run.runId)) {
+          // Withdrawn by the scheduler, which recorded it `refused`: nothing to report.
+          this.stats.revoked++;
+          this.remember(run.runId);
+          this.log.info({ runId: run.runId, taskId: run.taskId }, "revoked run not started");
+          continue;
+        }
         while (this.slots <= 0) await new Promise<void>((r) => this.slotWaiters.push(r));
         this.slots--;
-        runs.push(this.execute(routeOf(batch, run), run).finally(() => {
+        runs.push(this.execute(routeOf(batch, run), run, cancelledBy).finally(() => {
           this.slots++;
           this.slotWaiters.shift()?.();
         }));
@@ -375,8 +434,34 @@ export class Executor {
       clearInterval(keepAlive);
       // Only this delivery's claims (a duplicate's are none). Until now the run was claimed, then
       // active or remembered as finished: a duplicate never found it unmarked.
-      for (const run of fresh) this.claimed.delete(run.runId);
+      for (const run of fresh) { this.claimed.delete(run.runId); this.holding.delete(run.runId); }
     }
+  }
+
+  /** A node's wall clock stepped back `ms` (see Persister.watchClock). */
+  private noteClockStep(node: string, ms: number): void {
+    const now = performance.now();
+    this.clockSteps = this.clockSteps.filter((c) => now - c.mono < 60_000);
+    this.clockSteps.push({ node, mono: now, ms });
+    // Its offsets measured before the step would credit transit that was the step (HoldClock).
+    this.holdClock.forget(node);
+    this.log.warn({ node, stepMs: -ms }, "a node's clock stepped back: its runs held here wait that much longer");
+  }
+
+  /** How far the node's clock stepped back, in all, after `sinceMono`. */
+  private clockStepSince(node: string, sinceMono: number): number {
+    let ms = 0;
+    for (const c of this.clockSteps) if (c.node === node && c.mono > sinceMono) ms += c.ms;
+    return ms;
+  }
+
+  private noteRevoked(runId: string): void {
+    if (this.active.has(runId)) {
+      this.log.warn({ runId }, "a revoke came after the run started here; it runs to its end");
+      return;
+    }
+    this.revoked.add(runId);
+    if (this.revoked.size >= this.finishedCap) { this.revokedOld = this.revoked; this.revoked = new Set(); }
   }
 
   /** Reports a run this instance will not start (a `stale` event) and remembers it as done. */
@@ -413,7 +498,26 @@ export class Executor {
         if (err) return;
         let runId: unknown;
         let who: unknown;
-        try { ({ runId, who } = JSON.parse(utf8.decode(msg.data)) as { runId?: unknown; who?: unknown }); } catch { return; }
+        let revoke: unknown;
+        let clockStep: unknown;
+        try { ({ runId, who, revoke, clockStep } = JSON.parse(utf8.decode(msg.data)) as { runId?: unknown; who?: unknown; revoke?: unknown; clockStep?: unknown }); } catch { return; }
+        if (clockStep !== null && typeof clockStep === "object") {
+          const { node, ms } = clockStep as { node?: unknown; ms?: unknown };
+          if (typeof node === "string" && typeof ms === "number" && Number.isFinite(ms) && ms < 0) this.noteClockStep(node, -ms);
+          return;
+        }
+        if (Array.isArray(revoke)) {
+          // Sent to every instance: whichever receives the runs (now or later) does not start them.
+          for (const id of revoke) if (typeof id === "string") this.noteRevoked(id);
+          return;
+        }
+        const held = typeof runId === "string" ? this.holding.get(runId) : undefined;
+        if (held) {
+          // Received and waiting for its due time: it ends cancelled then, without its handler.
+          held.cancelledBy = typeof who === "string" ? who : "an operator";
+          msg.respond(encode({ ok: true, value: { runId, instance: this.instance } }));
+          return;
+        }
         const a = typeof runId === "string" ? this.active.get(runId) : undefined;
         if (!a) return; // not running here: another instance answers, or nobody (the caller says so)
         if (!a.cancelled && !a.timedOut) {
@@ -441,13 +545,15 @@ export class Executor {
     await this.nc!.request(this.n.apiSubject(`executor.heartbeat.${this.name}`), body, { timeout: 2000 });
   }
 
-  private async execute(route: Route, run: DispatchRun): Promise<void> {
+  /** Runs the handler (`cancelledBy`: an operator cancelled the run while it was held here; it ends cancelled without running). */
+  private async execute(route: Route, run: DispatchRun, cancelledBy: string | null = null): Promise<void> {
     const now = performance.now();
     const hbEvery = Math.min(10_000, Math.max(250, Math.floor(run.timeoutMs / 3)));
     // Timeouts and heartbeats of every active run are served by one sweeper timer (sweep()),
     // not two timers per run: at thousands of runs a second the per-run timers cost more than
     // the runs.
     const a: ActiveRun = { startedMono: now, timeoutMs: run.timeoutMs, deadline: now + run.timeoutMs, hbEvery, nextHb: now + hbEvery, ac: null, timedOut: null, onTimeout: null, route, taskId: run.taskId, token: run.token };
+    if (cancelledBy !== null) { this.stats.cancelled++; a.cancelled = new CancelledError(`cancelled by ${cancelledBy} (ax run cancel) before its due time`); }
     this.active.set(run.runId, a);
     this.ensureSweeper();
     this.stats.runs++;
@@ -458,6 +564,7 @@ export class Executor {
     try {
       // The handler runs in a microtask, as before (a synchronous throw is a failure like a rejection).
       await null;
+      if (a.cancelled) throw a.cancelled;
       const returned = this.opts.handler({
         runId: run.runId, taskId: run.taskId, taskName: run.taskName, attempt: run.attempt, source: run.source,
         payload: run.payload, scheduledAt: run.scheduledAt, firedAt: run.firedAt,

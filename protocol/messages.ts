@@ -61,6 +61,12 @@ export const DispatchBatchV1Schema = z.object({
 export const DispatchBatchV2Schema = z.object({
   v: z.literal(2),
   node: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/),
+  /**
+   * When the node published the message (epoch ms, its clock). Runs may come ahead of their due
+   * time to an executor that registered `holds`: it starts each `firedAt - sentAt` ms after it
+   * received the message. Absent from older nodes' messages (released at the due time).
+   */
+  sentAt: ms.optional(),
   runs: z.array(DispatchRunSchema.extend({ shard: z.number().int().nonnegative() })).min(1),
 });
 export const DispatchBatchSchema = z.discriminatedUnion("v", [DispatchBatchV1Schema, DispatchBatchV2Schema]);

@@ -45,8 +45,9 @@ export class TestCluster {
     await waitFor(() => nodes.reduce((n, x) => n + x.ownedShards().length, 0) === count, timeoutMs, `all ${count} shards owned`);
   }
 
-  async startExecutor(name: string, handler: RunHandler, opts: { concurrency?: number; ackWaitMs?: number } = {}): Promise<Executor> {
-    const ex = new Executor({ name, handler, namespace: this.ns, nats: this.config.nats, concurrency: opts.concurrency ?? 64, eventFlushMs: 2, ...(opts.ackWaitMs ? { ackWaitMs: opts.ackWaitMs } : {}) });
+  async startExecutor(name: string, handler: RunHandler, opts: { concurrency?: number; ackWaitMs?: number; holdAhead?: boolean } = {}): Promise<Executor> {
+    const ex = new Executor({ name, handler, namespace: this.ns, nats: this.config.nats, concurrency: opts.concurrency ?? 64, eventFlushMs: 2, ...(opts.ackWaitMs ? { ackWaitMs: opts.ackWaitMs } : {}),
+      ...(opts.holdAhead !== undefined ? { holdAhead: opts.holdAhead } : {}) });
     await ex.start();
     this.executors.push(ex);
     return ex;

@@ -717,20 +717,24 @@ export class ShardDecisions {
   }
 
   /**
-   * Runs of the task that were written ahead of their due time and are not published yet are
-   * withdrawn (recorded `refused`, never dispatched): a pause, cancel or removal before the due
-   * time wins, as when the run was decided at its due time. The slot counts as not fired.
+   * Runs of the task that were written ahead of their due time and are not published yet, or
+   * were published ahead to an executor that holds them and are at least REVOKE_MARGIN_MS from
+   * their due time (revoked there), are withdrawn (recorded `refused`, never started): a pause,
+   * cancel or removal before the due time wins, as when the run was decided at its due time. The
+   * slot counts as not fired.
    */
   private withdrawHeld(round: Round, lt: LiveTask, why: string, now: number): InFlightRun[] {
     const out: InFlightRun[] = [];
     for (const runId of [...(lt.row.record as TaskRecord).context.inFlight]) {
       const run = this.inFlight.get(runId);
-      if (!run || !this.p.persister.withdraw(runId)) continue;
+      const withdrawn = run ? this.p.persister.withdraw(runId) : false;
+      if (!run || !withdrawn) continue;
       if (run.slotsBefore) {
         lt.row.triggerSlots = withSlot(lt.row.triggerSlots, run.slotsBefore.key, run.slotsBefore.value);
       }
       if (run.ledgerBefore) ledger.restoreWatermark(lt.row, run.ledgerBefore);
-      this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused", error: `withdrawn before dispatch: ${why}` });
+      this.finishRun(round, run, now, { type: "REFUSED", runId, reason: why }, { finishedMs: now, state: "refused",
+        error: withdrawn === "revoked" ? `withdrawn before its start (its dispatch had gone out ahead to its executor, which dropped it): ${why}` : `withdrawn before dispatch: ${why}` });
       out.push(run);
     }
     return out;

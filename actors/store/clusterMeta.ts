@@ -73,14 +73,18 @@ export class ClusterMeta {
     const r = await this.pool.query("update shards set pinned_to = $2 where shard = $1", [shard, node]);
     if (!r.rowCount) throw new InvalidInputError("shard", shard, "no such shard");
   }
-  async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number): Promise<void> {
+  /** `holds`: what the registering instance said (the latest registration of the name decides). */
+  async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number, holds = false): Promise<void> {
     await this.pool.query(
-      `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms) values ($1, $2, coalesce($3, 5000), $4, $4)
-       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight), kind = $2`,
-      [name, kind, maxInFlight, nowMs]);
+      `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms, holds) values ($1, $2, coalesce($3, 5000), $4, $4, $5)
+       on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight), kind = $2, holds = $5`,
+      [name, kind, maxInFlight, nowMs, holds]);
   }
-  async listExecutors(): Promise<Array<{ name: string; kind: string; maxInFlight: number; lastSeenMs: number | null }>> {
-    const r = await this.pool.query("select name, kind, max_in_flight, last_seen_ms from executors order by name");
-    return r.rows.map((x) => ({ name: x.name, kind: x.kind, maxInFlight: x.max_in_flight, lastSeenMs: x.last_seen_ms }));
+  async listExecutors(): Promise<ExecutorRow[]> {
+    const r = await this.pool.query("select name, kind, max_in_flight, last_seen_ms, holds from executors order by name");
+    return r.rows.map((x) => ({ name: x.name, kind: x.kind, maxInFlight: x.max_in_flight, lastSeenMs: x.last_seen_ms, holds: x.holds }));
   }
 }
+
+/** An executor as registered: `holds` if its instances hold runs received ahead of their due time until it (see Persister). */
+export interface ExecutorRow { name: string; kind: string; maxInFlight: number; lastSeenMs: number | null; holds: boolean }

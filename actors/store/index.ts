@@ -7,6 +7,7 @@ export { copySlots, editSlots, slotsFromText, withSlot, type TriggerSlots } from
 export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts";
 export type { AuditRow, AuditTrail } from "./audit.ts";
 export type { HistoryRow, TaskHistory } from "./history.ts";
+export type { ExecutorRow } from "./clusterMeta.ts";
 export { LATEST_SCHEMA_VERSION, SCHEMA_VERSIONS } from "./schema.ts";
 export type {
   TaskRow, NewTask, BulkNewTask, BulkCreated, RunRow, RunInsert, RunUpdate, TaskUpdate, TaskDefUpdate, ShardWrite, ShardRow, TriggerRow, DispatchRecord,

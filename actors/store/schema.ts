@@ -345,6 +345,13 @@ create table alert_hooks (
     // first id was dropped as a duplicate, and the lost shard's runs never went out.
     sql: `alter table dispatches add column released_shards int[];`,
   },
+  {
+    version: 18,
+    name: "executors that hold runs until their due time",
+    // An executor whose instances hold a run received ahead of its due time until then (the SDK
+    // registers so) gets its runs as soon as they are recorded, not at their due time (Persister).
+    sql: `alter table executors add column holds boolean not null default false;`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

@@ -9,7 +9,7 @@ import { FencedWriter } from "./fencedWrite.ts";
 import { DependencyGraph } from "./graph.ts";
 import { TaskRegistration } from "./taskRegistration.ts";
 import { AlertHooks } from "./alertHooks.ts";
-import { ClusterMeta } from "./clusterMeta.ts";
+import { ClusterMeta, type ExecutorRow } from "./clusterMeta.ts";
 import { TaskReads } from "./taskReads.ts";
 import { RunReads } from "./runReads.ts";
 import type { BulkCreated, BulkNewTask, DispatchRecord, NewTask, RunRow, ShardRow, ShardWrite, TaskRow } from "./types.ts";
@@ -163,8 +163,8 @@ export class Store {
   listShards(): Promise<ShardRow[]> { return this.meta.listShards(); }
   claimShard(shard: number, owner: string, epoch: number, nowMs: number): Promise<boolean> { return this.meta.claimShard(shard, owner, epoch, nowMs); }
   setPin(shard: number, node: string | null): Promise<void> { return this.meta.setPin(shard, node); }
-  upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number): Promise<void> { return this.meta.upsertExecutor(name, kind, maxInFlight, nowMs); }
-  listExecutors(): Promise<Array<{ name: string; kind: string; maxInFlight: number; lastSeenMs: number | null }>> { return this.meta.listExecutors(); }
+  upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number, holds = false): Promise<void> { return this.meta.upsertExecutor(name, kind, maxInFlight, nowMs, holds); }
+  listExecutors(): Promise<ExecutorRow[]> { return this.meta.listExecutors(); }
 
   // tasks outside the fenced write (taskReads.ts)
   /** The generation of each of these tasks that still exists. */

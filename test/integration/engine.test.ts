@@ -43,22 +43,23 @@ async function runsOf(s: Store, task: string) {
 }
 
 /** One node with every shard, and executor `w` noting each run's start: where most tests here begin. */
-async function oneNode(prefix: string, nodeId: string, env: Record<string, string> = {}) {
+async function oneNode(prefix: string, nodeId: string, env: Record<string, string> = {}, holdAhead?: boolean) {
   tc = new TestCluster(prefix, env);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
   const starts: Start[] = [];
   const node = await tc.startNode(nodeId);
   await tc.waitForShards();
-  const ex = await tc.startExecutor("w", recordInto(starts));
+  const ex = await tc.startExecutor("w", recordInto(starts), holdAhead === undefined ? {} : { holdAhead });
   await ex.registered;
   // Returned as well, non-null, for the test to use (afterEach closes the module's copies).
   return { tc, store, starts, node, client: await tc.client() };
 }
 
 describe("engine v2", () => {
-  // The default releases on the node's main thread; AX_RELEASER=thread adds the backstop thread (actors/releaser).
+  // To an executor that does not hold runs (registered holdAhead: false). The default releases on
+  // the node's main thread; AX_RELEASER=thread adds the backstop thread (actors/releaser).
   it.each(["inline", "thread"])("records runs ahead of their due time, releases them at it (never early) in messages carrying several shards (AX_RELEASER=%s)", async (releaser) => {
-    const { tc, store, starts, client, node } = await oneNode(`eng${releaser[0]}`, "e1", { AX_LEAD: "1500ms", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD });
+    const { tc, store, starts, client, node } = await oneNode(`eng${releaser[0]}`, "e1", { AX_LEAD: "1500ms", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD }, false);
     nc = await connect({ servers: tc.config.natsUrl });
     const messages: Array<{ v: number; shards: number[]; at: number }> = [];
     nc.subscribe(names(tc.ns).dispatchSubject("w"), {
@@ -94,6 +95,38 @@ describe("engine v2", () => {
     }
   });
 
+  it("to an executor that holds runs (the SDK's default) the runs go out as they are recorded, ahead of their due time, and start at it, never early", async () => {
+    const { tc, store, starts, client, node } = await oneNode("enga", "a1", { AX_LEAD: "1500ms" });
+    nc = await connect({ servers: tc.config.natsUrl });
+    const messages: Array<{ at: number; sentAt: number | undefined; runs: number }> = [];
+    nc.subscribe(names(tc.ns).dispatchSubject("w"), {
+      callback: (_e, m) => {
+        const d = decode(DispatchBatchSchema, m.data);
+        if (d.ok && d.value.v === 2) messages.push({ at: Date.now(), sentAt: d.value.sentAt, runs: d.value.runs.length });
+      },
+    });
+    const due = Date.now() + 4000;
+    const tasks = Array.from({ length: 24 }, (_, i) => ({ name: `h${i}`, executor: "w", at: new Date(due + (i % 3) * 100).toISOString() }));
+    await client.call("task.bulkCreate", { tasks });
+    await waitFor(() => starts.length === tasks.length, 15_000, "every task ran");
+    for (const s of starts) {
+      expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(s.scheduledAt);
+      // Held until the due time, not for the whole lead again after it.
+      expect(s.startedAt - s.scheduledAt, `${s.task} held past its due time`).toBeLessThan(1000);
+    }
+    expect(new Set(starts.map((s) => s.runId)).size).toBe(tasks.length);
+    expect(messages.reduce((n, m) => n + m.runs, 0)).toBe(tasks.length);
+    for (const m of messages) {
+      expect(m.at, "published ahead of the due time").toBeLessThan(due);
+      expect(m.sentAt).toBeDefined();
+      expect(m.sentAt!).toBeLessThanOrEqual(m.at);
+    }
+    const persister = ((await node.status()) as { persister: { ahead: number; held: number } }).persister;
+    expect(persister.ahead).toBe(tasks.length);
+    expect(persister.held).toBe(0);
+    await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 10_000, "every completion recorded");
+  });
+
   it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, 100-200 ms ahead", async () => {
     const { store, starts, client } = await oneNode("engg", "g1");
     const t0 = Date.now() + 2000;
@@ -117,8 +150,10 @@ describe("engine v2", () => {
     for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(s.scheduledAt);
   });
 
-  it.each(["inline", "thread"])("a pause before the due time withdraws the recorded run; resume catches the slot up once (AX_RELEASER=%s)", async (releaser) => {
-    const { store, starts, client, node } = await oneNode(`engp${releaser[0]}`, "p1", { AX_LEAD: "2s", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD });
+  // "ahead": the executor holds runs (the SDK's default), so the run went out when it was recorded and the pause revokes it there.
+  it.each(["inline", "thread", "ahead"])("a pause before the due time withdraws the recorded run; resume catches the slot up once (%s)", async (mode) => {
+    const releaser = mode === "thread" ? "thread" : "inline";
+    const { store, starts, client, node } = await oneNode(`engp${mode[0]}`, "p1", { AX_LEAD: "2s", AX_RELEASER: releaser, AX_LEASE_TTL: LEASE_FOR_LEAD }, mode === "ahead");
     const due = Date.now() + 5000;
     await client.call("task.create", { name: "held", executor: "w", at: new Date(due).toISOString() });
     const recorded = await waitFor(async () => (await runsOf(store!, "held")).find((r) => r.state === "running"), 6000, "run recorded ahead of its due time");
@@ -128,7 +163,8 @@ describe("engine v2", () => {
     expect(starts).toEqual([]);
     const withdrawn = (await runsOf(store, "held")).find((r) => r.id === recorded.id)!;
     expect(withdrawn.state).toBe("refused");
-    expect(withdrawn.error).toMatch(/withdrawn before dispatch: the task was paused/);
+    expect(withdrawn.error).toMatch(mode === "ahead" ? /^withdrawn before its start \(its dispatch had gone out ahead to its executor, which dropped it\): the task was paused/ : /^withdrawn before dispatch: the task was paused/);
+    if (mode === "ahead") expect(((await node.status()) as { persister: { revoked: number } }).persister.revoked).toBe(1);
     // With the releaser thread the recorded message was handed over, and the pause claimed it back.
     const rel = ((await node.status()) as { releaser: { held: number; claimed: number; taken: number } | null }).releaser;
     if (releaser === "thread") expect(rel && rel.held > 0 && rel.claimed === rel.held && rel.taken === 0, JSON.stringify(rel)).toBe(true);

@@ -15,9 +15,12 @@ let ex: Executor;
 const seen: RunEvent[] = [];
 const aborted = new Map<string, boolean>();
 const handled = new Map<string, number>();
+/** When each run's handler started, on the wall clock and on this process's monotonic clock. */
+const startedAt = new Map<string, { wall: number; mono: number }>();
 
 async function handler(ctx: RunContext): Promise<void> {
   const mode = (ctx.payload as { mode: string }).mode;
+  startedAt.set(ctx.runId, { wall: Date.now(), mono: performance.now() });
   handled.set(ctx.runId, (handled.get(ctx.runId) ?? 0) + 1);
   if (mode === "watch") {
     await new Promise<void>((_, reject) => ctx.signal.addEventListener("abort", () => { aborted.set(ctx.runId, ctx.signal.aborted); reject(new Error("gave up")); }));
@@ -149,5 +152,82 @@ describe("executor SDK", () => {
       sub.unsubscribe();
       await batched.stop();
     }
+  });
+
+  describe("runs sent ahead of their due time (v2 `sentAt`)", () => {
+    /** Publishes a v2 message as a node whose clock reads `sentAt` now; returns when it was published on this process's monotonic clock. */
+    async function sendAhead(runs: DispatchRun[], sentAt: number, msgID: string, node = "test"): Promise<number> {
+      const at = performance.now();
+      await jetstream(nc).publish(n.dispatchSubject("sdk"), encode({ v: 2, node, sentAt, runs }), { msgID });
+      return at;
+    }
+    const aheadRun = (runId: string, firedAt: number): DispatchRun =>
+      ({ runId, taskId: ++seq, taskName: "ahead", attempt: 1, source: "cron", payload: { mode: "quick" }, scheduledAt: firedAt, firedAt, timeoutMs: 30_000, shard: 0 });
+
+    it("each run starts firedAt - sentAt after the message arrived, never sooner, whatever the sender's clock reads (seeded fuzz)", async () => {
+      // mulberry32: the same cases every run.
+      let state = 0x5eed1234;
+      const rand = () => { state = (state + 0x6d2b79f5) | 0; let t = state; t = Math.imul(t ^ (t >>> 15), t | 1); t ^= t + Math.imul(t ^ (t >>> 7), t | 61); return ((t ^ (t >>> 14)) >>> 0) / 4294967296; };
+      const cases: Array<{ runId: string; publishedMono: number; holdMs: number }> = [];
+      for (let node = 0; node < 3; node++) {
+        // Each sender's wall clock up to 20 s behind or ahead of this machine's: the hold must not depend on it.
+        const skew = Math.round((rand() - 0.5) * 40_000);
+        for (let m = 0; m < 3; m++) {
+          const sentAt = Date.now() + skew;
+          const runs = Array.from({ length: 2 + Math.floor(rand() * 5) }, (_, i) => aheadRun(`r-fz${node}-${m}-${i}-${++seq}`, sentAt + Math.round(rand() * 500) - 100));
+          const publishedMono = await sendAhead(runs, sentAt, `d:fz-${node}-${m}-${seq}`, `fz${node}`);
+          for (const r of runs) cases.push({ runId: r.runId, publishedMono, holdMs: Math.max(0, r.firedAt - sentAt) });
+          await sleep(Math.round(rand() * 50));
+        }
+      }
+      await waitFor(() => cases.every((c) => startedAt.has(c.runId)), 10_000, "every run started");
+      for (const c of cases) {
+        const s = startedAt.get(c.runId)!;
+        expect(s.mono - c.publishedMono, `${c.runId} started before its hold of ${c.holdMs} ms`).toBeGreaterThanOrEqual(c.holdMs);
+        // Not held for the skew: 20 s of it would show here.
+        expect(s.mono - c.publishedMono - c.holdMs, `${c.runId} held too long`).toBeLessThan(2000);
+        expect(handled.get(c.runId)).toBe(1);
+      }
+    });
+
+    it("a run revoked while it is held here never starts, nor does one revoked before it arrives", async () => {
+      const heldBefore = ex.stats.held;
+      const revokedBefore = ex.stats.revoked;
+      const a = aheadRun(`r-revoke-held-${++seq}`, Date.now() + 3000);
+      const keep = aheadRun(`r-revoke-keep-${++seq}`, Date.now() + 3000);
+      await sendAhead([a, keep], Date.now(), `d:${a.runId}`);
+      await waitFor(() => ex.stats.held >= heldBefore + 2, 3000, "both runs held");
+      nc.publish(n.executorCancelSubject("sdk"), encode({ revoke: [a.runId] }));
+      await nc.flush();
+      expect(Date.now(), "the revoke went out well before the run's due time").toBeLessThan(a.firedAt - 500);
+      // Revoked before its message is even published: the instance remembers it.
+      const b = aheadRun(`r-revoke-early-${++seq}`, Date.now() + 300);
+      nc.publish(n.executorCancelSubject("sdk"), encode({ revoke: [b.runId] }));
+      await nc.flush();
+      await sendAhead([b], Date.now(), `d:${b.runId}`);
+      await waitFor(() => startedAt.has(keep.runId), 8000, "the run not revoked");
+      await waitFor(() => ex.stats.revoked >= revokedBefore + 2, 5000, "both revoked runs dropped");
+      await sleep(200);
+      expect(handled.has(a.runId)).toBe(false);
+      expect(handled.has(b.runId)).toBe(false);
+      expect(eventsOf(a.runId)).toEqual([]);
+      expect(eventsOf(b.runId)).toEqual([]);
+      expect(startedAt.get(keep.runId)!.wall).toBeGreaterThanOrEqual(keep.firedAt);
+    });
+
+    it("an operator's cancel of a run held here is answered, and the run ends cancelled without its handler", async () => {
+      const r = aheadRun(`r-cancel-held-${++seq}`, Date.now() + 1000);
+      const heldBefore = ex.stats.held;
+      await sendAhead([r], Date.now(), `d:${r.runId}`);
+      await waitFor(() => ex.stats.held > heldBefore, 3000, "the run held");
+      const reply = await nc.request(n.executorCancelSubject("sdk"), encode({ runId: r.runId, who: "alice" }), { timeout: 2000 });
+      expect(JSON.parse(new TextDecoder().decode(reply.data))).toMatchObject({ ok: true, value: { runId: r.runId } });
+      await waitFor(() => eventsOf(r.runId).some((e) => e.type === "failed"), 5000, "failed event");
+      const failed = eventsOf(r.runId).find((e) => e.type === "failed")!;
+      expect(failed.error).toMatchObject({ type: "cancelled", nonRetryable: true });
+      expect(failed.error!.message).toMatch(/cancelled by alice/);
+      expect(failed.at).toBeGreaterThanOrEqual(r.firedAt);
+      expect(handled.has(r.runId)).toBe(false);
+    });
   });
 });

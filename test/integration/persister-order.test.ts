@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { SystemClock, names, silentLogger } from "../../common/index.ts";
-import { Persister, Store, type ShardDispatchRun, type ShardWrite } from "../../actors/index.ts";
+import { Persister, REVOKE_MARGIN_MS, Store, type ShardDispatchRun, type ShardWrite } from "../../actors/index.ts";
 import { testConfig, testNamespace, waitFor } from "../helpers.ts";
 
 /**
@@ -20,10 +20,20 @@ const NOW = Date.now();
 interface Gate { shards: number[]; release: () => void; done: boolean }
 let gates: Gate[] = [];
 let published: string[] = [];
+/** Each published message: when, its `sentAt`, its runs. */
+let messages: Array<{ at: number; sentAt: number; runs: string[] }> = [];
+let revoked: Array<{ executor: string; runIds: string[] }> = [];
 
-function persister(): Persister {
-  const js = { publish: async (_subject: string, data: Uint8Array) => { published.push(...(JSON.parse(new TextDecoder().decode(data)) as { runs: Array<{ runId: string }> }).runs.map((r) => r.runId)); return { seq: 1, duplicate: false, stream: "x" }; } } as unknown as JetStreamClient;
-  return new Persister({ store, log: silentLogger, js, names: names(ns), nodeId: "n1", clock: new SystemClock(), mayRelease: () => "yes", lanes: 2 });
+/** `holds`: executor "e" holds runs until their due time (its runs go out ahead). */
+function persister(holds = false): Persister {
+  const js = { publish: async (_subject: string, data: Uint8Array) => {
+    const body = JSON.parse(new TextDecoder().decode(data)) as { sentAt: number; runs: Array<{ runId: string }> };
+    published.push(...body.runs.map((r) => r.runId));
+    messages.push({ at: Date.now(), sentAt: body.sentAt, runs: body.runs.map((r) => r.runId) });
+    return { seq: 1, duplicate: false, stream: "x" };
+  } } as unknown as JetStreamClient;
+  return new Persister({ store, log: silentLogger, js, names: names(ns), nodeId: "n1", clock: new SystemClock(), mayRelease: () => "yes", lanes: 2,
+    holdsAhead: () => holds, revoke: (executor, runIds) => { revoked.push({ executor, runIds }); } });
 }
 
 function write(shard: number, runIds: string[], extra: Partial<ShardWrite> = {}): ShardWrite {
@@ -126,5 +136,51 @@ describe("persister: one shard's writes in flight together", () => {
     expect(t.rows[0].state).toBe("idle"); // c2 after c1
     const r = await store.pool.query("select state, finished_ms from runs where id = 'c2'");
     expect(r.rows[0]).toMatchObject({ state: "success", finished_ms: NOW + 2 }); // c3 after c2, in one batch or after it
+  });
+});
+
+describe("persister: runs sent ahead to an executor that holds them", () => {
+  it("a message goes out once its write is committed, ahead of its runs' due time; a withdrawal revokes a run while its due time is at least REVOKE_MARGIN_MS off, and not closer", async () => {
+    gates = []; published = []; messages = []; revoked = [];
+    const p = persister(true);
+    const due = Date.now() + 3000;
+    const near = Date.now() + REVOKE_MARGIN_MS + 400;
+    const s1 = p.submit(write(3, ["h1", "h2"]), dispatch(3, ["h1", "h2"], due));
+    const s2 = p.submit(write(3, ["h3"]), dispatch(3, ["h3"], near));
+    await waitFor(() => gates.length >= 1, 2000, "the batch to start");
+    // Still being written: withdrawn from the message itself, never published.
+    expect(p.withdraw("h2")).toBe(true);
+    for (const g of gates) g.release();
+    await waitFor(() => gates.length === 2 || published.length === 2, 2000, "the second write or both published");
+    for (const g of gates) g.release();
+    await (await s1).published; await (await s2).published;
+    expect(published.sort()).toEqual(["h1", "h3"]);
+    for (const m of messages) expect(m.sentAt).toBeLessThanOrEqual(m.at);
+    expect(Math.max(...messages.map((m) => m.at))).toBeLessThan(near - REVOKE_MARGIN_MS);
+    expect(p.stats.ahead).toBe(2);
+    // Published: now a withdrawal is a revoke at the executor, one message for the turn's runs.
+    expect(p.withdraw("h1")).toBe("revoked");
+    expect(p.withdraw("h1")).toBe(false);
+    await Promise.resolve();
+    expect(revoked).toEqual([{ executor: "e", runIds: ["h1"] }]);
+    // Inside the margin the run goes ahead (as one released at its due time).
+    await new Promise((r) => setTimeout(r, Math.max(0, near - REVOKE_MARGIN_MS + 5 - Date.now())));
+    expect(p.withdraw("h3")).toBe(false);
+    await Promise.resolve();
+    expect(revoked).toHaveLength(1);
+    expect(p.stats.revoked).toBe(1);
+  });
+
+  it("to an executor that does not hold runs, the message waits for its due time", async () => {
+    gates = []; published = []; messages = []; revoked = [];
+    const p = persister(false);
+    const due = Date.now() + 600;
+    const s = p.submit(write(3, ["k1"]), dispatch(3, ["k1"], due));
+    await waitFor(() => gates.length >= 1, 2000, "the batch to start");
+    gates[0]!.release();
+    await (await s).published;
+    expect(messages).toHaveLength(1);
+    expect(messages[0]!.at).toBeGreaterThanOrEqual(due);
+    expect(p.stats.ahead).toBe(0);
   });
 });
