@@ -220,10 +220,11 @@ export class Executor {
   private readonly holding = new Map<string, { cancelledBy: string | null }>();
   /** Runs the scheduler revoked before their due time (withdrawn: a pause, cancel, removal or update), in two generations like `finished`; never started here. */
   private revoked = new Set<string>();
+  private revokedOld = new Set<string>();
+  /** What a run sent ahead may be credited for its message's transit (see HoldClock). */
   private readonly holdClock = new HoldClock();
   /** Backward steps of nodes' wall clocks they told of (clockStep), with when they arrived here; kept a minute. */
   private clockSteps: Array<{ node: string; mono: number; ms: number }> = [];
-  private revokedOld = new Set<string>();
   private slots: number;
   private slotWaiters: Array<() => void> = [];
   /** Buffered events by route key (see Route); each list carries its route. */
