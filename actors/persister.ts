@@ -622,9 +622,10 @@ export function replayParts<R extends { shard: number }>(id: string, releasedSha
  * de-duplicates one that did land). Also used to publish a recorded message again after a crash.
  */
 export async function publishDispatch(js: JetStreamClient, names: Names, nodeId: string, executor: string, msgID: string, runs: ReadonlyArray<ShardDispatchRun>,
-  opts: { keepTrying?: () => boolean; onTrouble?: () => void; sentAt?: number } = {}): Promise<number> {
-  // A copy sent again later keeps the first `sentAt`: an executor then holds its runs longer, never less.
-  const data = dispatchPayload(nodeId, runs, opts.sentAt ?? Date.now());
+  opts: { sentAt: number; keepTrying?: () => boolean; onTrouble?: () => void }): Promise<number> {
+  // `sentAt` is the node's clock (the one its runs' due times are on), read before the publish. A
+  // copy sent again later keeps the first `sentAt`: an executor then holds its runs longer, never less.
+  const data = dispatchPayload(nodeId, runs, opts.sentAt);
   // Retried under the same id until it lands (JetStream drops a copy of one that did): while
   // `keepTrying` says so, or else until the runs' own timeout has passed. A NATS restart of a few
   // seconds must delay these runs, not lose them (a run whose publish gave up after four tries

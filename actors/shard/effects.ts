@@ -154,7 +154,7 @@ export class ShardEffects {
       // Tried again while this actor holds the shard, as a first publish is (a NATS leader election
       // can outlast the few seconds a plain retry allows; the runs' timeouts start only after this).
       const send = () => Promise.all(replayParts(m.id, m.releasedShards, runs).map((part) => publishDispatch(this.o.js, this.o.names, this.o.nodeId, m.executor, part.id, part.runs,
-        { keepTrying: () => this.o.mayPublish() }).then((seq) => {
+        { sentAt: this.o.clock.now(), keepTrying: () => this.o.mayPublish() }).then((seq) => {
           this.o.noteLanded(part.runs, this.o.clock.now());
           for (const r of part.runs) { const own = r.shard === this.o.shard ? this.o.view.inFlight.get(r.runId) : undefined; if (own) own.dispatchSeq = seq; }
         })
