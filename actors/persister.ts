@@ -449,7 +449,8 @@ export class Persister {
    */
   private schedule(m: Message, sequences: Map<string, number>, done: () => void): void {
     if (!m.runs.length) { done(); return; }
-    if (m.releaseAt > this.d.clock.now()) {
+    const now = this.d.clock.now();
+    if (m.releaseAt > now) {
       const slot = this.handOver(m, sequences, done);
       atWallTime(this.d.clock, m.releaseAt, () => {
         if (slot !== null) {
@@ -462,7 +463,6 @@ export class Persister {
       });
       return;
     }
-    const now = this.d.clock.now();
     let ahead = false;
     for (const r of m.runs) {
       this.held.delete(r.runId);

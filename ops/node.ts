@@ -213,9 +213,7 @@ export class AxNode {
         if (skip) delete args.skip;
         this.api.call(op, args, { who }).then((v) => {
           if (op.startsWith("executor.register")) {
-            const name = (v as { name: string }).name;
-            if (typeof args.maxInFlight === "number") this.limiter.setLimit(name, args.maxInFlight);
-            if (args.holds === true) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
+            this.noteExecutor((v as { name: string }).name, typeof args.maxInFlight === "number" ? args.maxInFlight : null, args.holds === true);
           }
           this.reply(msg, okEnvelope(v), op, args, skip);
         }, (e) => this.reply(msg, errEnvelope(e)));
@@ -357,10 +355,12 @@ export class AxNode {
 
   /** Takes in the registered executors: each one's in-flight limit, and whether its runs may go out ahead of their due time. */
   private noteExecutors(list: ReadonlyArray<{ name: string; maxInFlight: number; holds: boolean }>): void {
-    for (const e of list) {
-      this.limiter.setLimit(e.name, e.maxInFlight);
-      if (e.holds) this.holdingExecutors.add(e.name); else this.holdingExecutors.delete(e.name);
-    }
+    for (const e of list) this.noteExecutor(e.name, e.maxInFlight, e.holds);
+  }
+  /** One executor's registration (`maxInFlight` null: its limit unchanged). */
+  private noteExecutor(name: string, maxInFlight: number | null, holds: boolean): void {
+    if (maxInFlight !== null) this.limiter.setLimit(name, maxInFlight);
+    if (holds) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
   }
 
   /**

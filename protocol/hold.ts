@@ -35,7 +35,8 @@ export class HoldClock {
     let o = this.byNode.get(node);
     if (!o) { o = { windowStart: receivedMono, min: offset, prevMin: offset }; this.byNode.set(node, o); }
     if (receivedMono - o.windowStart >= WINDOW_MS) {
-      // A whole window without a message from this node: nothing of before is kept.
+      // A new window: the one that ended is kept as the previous, unless a whole window passed
+      // without a message from this node (then nothing of before is kept).
       o.prevMin = receivedMono - o.windowStart >= 2 * WINDOW_MS ? offset : o.min;
       o.min = offset;
       o.windowStart = receivedMono;

@@ -727,8 +727,9 @@ export class ShardDecisions {
     const out: InFlightRun[] = [];
     for (const runId of [...(lt.row.record as TaskRecord).context.inFlight]) {
       const run = this.inFlight.get(runId);
-      const withdrawn = run ? this.p.persister.withdraw(runId) : false;
-      if (!run || !withdrawn) continue;
+      if (!run) continue;
+      const withdrawn = this.p.persister.withdraw(runId);
+      if (!withdrawn) continue;
       if (run.slotsBefore) {
         lt.row.triggerSlots = withSlot(lt.row.triggerSlots, run.slotsBefore.key, run.slotsBefore.value);
       }
