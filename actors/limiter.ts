@@ -23,7 +23,19 @@ export class InFlightLimiter {
   private counts = new Map<string, number>();
   private limits = new Map<string, number>();
   private queues = new Map<string, WaiterHeap>();
-  constructor(private readonly defaultMax: number) {}
+  /** Places outside the limit: runs sent ahead to executors that hold them (see tryAcquireAhead). */
+  private aheadCounts = new Map<string, number>();
+  private holding = new Set<string>();
+  /**
+   * `maxAhead`: runs per executor that may be placed ahead of the lead outside the limit (0:
+   * none; every run takes a place under the limit).
+   */
+  constructor(private readonly defaultMax: number, private readonly maxAhead = 0) {}
+
+  /** The executor's instances hold runs received ahead of their due time until it (see Persister). */
+  setHolds(executor: string, holds: boolean): void {
+    if (holds) this.holding.add(executor); else this.holding.delete(executor);
+  }
 
   setLimit(executor: string, max: number): void {
     this.limits.set(executor, max);
@@ -39,6 +51,31 @@ export class InFlightLimiter {
     if (n >= this.limitOf(executor)) return false;
     this.counts.set(executor, n + 1);
     return true;
+  }
+
+  /**
+   * A place for a run decided further ahead than the lead (the horizon spread a burst due at one
+   * instant over the seconds before it), at an executor that holds runs until their due time.
+   * It is outside the limit, which bounds what an executor works on or is offered now: a held run
+   * costs its executor memory until its due time, not a handler, so these places are bounded by
+   * `maxAhead` instead. Only while nobody waits for a place: a run due now never waits behind one
+   * due later. False: take a place under the limit as any run does.
+   */
+  tryAcquireAhead(executor: string): boolean {
+    if (!this.mayGoAhead(executor)) return false;
+    this.aheadCounts.set(executor, (this.aheadCounts.get(executor) ?? 0) + 1);
+    return true;
+  }
+
+  /** Would tryAcquireAhead give a place now? */
+  mayGoAhead(executor: string): boolean {
+    return this.holding.has(executor) && this.waiting(executor) === 0 && (this.aheadCounts.get(executor) ?? 0) < this.maxAhead;
+  }
+
+  /** Runs placed ahead per executor (see tryAcquireAhead), finished or withdrawn ones not counted. */
+  ahead(executor?: string): number {
+    if (executor !== undefined) return this.aheadCounts.get(executor) ?? 0;
+    let t = 0; for (const v of this.aheadCounts.values()) t += v; return t;
   }
 
   /** Queues a waiter (after a failed tryAcquire); it is woken, earliest due first, as places free. */
@@ -58,13 +95,23 @@ export class InFlightLimiter {
   /** For runs found in flight when a shard is loaded: counted even past the limit. */
   force(executor: string): void { this.counts.set(executor, (this.counts.get(executor) ?? 0) + 1); }
 
-  release(executor: string): void {
+  /** A place given back; `ahead`: one of tryAcquireAhead's (which frees no place under the limit). */
+  release(executor: string, ahead = false): void {
+    if (ahead) {
+      const a = (this.aheadCounts.get(executor) ?? 0) - 1;
+      if (a <= 0) this.aheadCounts.delete(executor); else this.aheadCounts.set(executor, a);
+      return;
+    }
     const n = (this.counts.get(executor) ?? 0) - 1;
     if (n <= 0) this.counts.delete(executor); else this.counts.set(executor, n);
     this.pump(executor);
   }
-  /** Runs in flight per executor (executors with none are left out). */
-  byExecutor(): Map<string, number> { return new Map(this.counts); }
+  /** Runs in flight per executor, those placed ahead included (executors with none are left out). */
+  byExecutor(): Map<string, number> {
+    const out = new Map(this.counts);
+    for (const [e, n] of this.aheadCounts) out.set(e, (out.get(e) ?? 0) + n);
+    return out;
+  }
   inFlight(executor?: string): number {
     if (executor !== undefined) return this.counts.get(executor) ?? 0;
     let t = 0; for (const v of this.counts.values()) t += v; return t;

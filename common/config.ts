@@ -45,6 +45,10 @@ export interface AxConfig {
   releaser: "thread" | "inline";
   wheelSize: number;
   maxInFlightPerExecutor: number;
+  /** Runs a second a node decides on one step of its decision grid before it spreads the rest of a burst earlier (0: never). */
+  spreadRate: number;
+  /** Runs per executor, beyond maxInFlightPerExecutor, that may go out ahead of their due time to an executor that holds them. */
+  maxAhead: number;
   /** Deliveries of a message whose processing failed before it is parked as a dead letter. */
   deadAfter: number;
   leaseTtlMs: number;
@@ -79,6 +83,8 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_RELEASER: "inline",
   AX_WHEEL_SIZE: "512",
   AX_MAX_IN_FLIGHT: "20000",
+  AX_SPREAD_RATE: "10000",
+  AX_MAX_AHEAD: "200000",
   AX_DEAD_AFTER: "8",
   AX_LEASE_TTL: "6s",
   AX_DELIVERY_GRACE: "30s",
@@ -107,6 +113,8 @@ export const ENV_DOCS: Record<string, string> = {
   AX_RELEASER: "inline (default): the node's main thread releases every run recorded ahead; thread: a run whose release the main thread has not made 4 ms after its due time (a garbage-collection pause) is published by a thread of its own, for 10-40 µs more CPU a run",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
+  AX_SPREAD_RATE: "runs a second a node decides for one instant before it spreads the rest of a burst over the seconds before it (up to the wheel's horizon, 10 s), so a burst known ahead is recorded ahead; 0: no spreading",
+  AX_MAX_AHEAD: "runs per executor, beyond AX_MAX_IN_FLIGHT, that a spread burst may send ahead of their due time to an executor that holds them (each costs the executor about 1 KB until it starts); 0: none",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
   AX_DELIVERY_GRACE: "longest a run no executor has taken from the stream (none pulling, all full, a NATS leader election) waits past its timeout before it times out; 0s: not at all",
@@ -380,6 +388,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     releaser: oneOf("AX_RELEASER", get("AX_RELEASER"), ["thread", "inline"] as const),
     wheelSize: int("AX_WHEEL_SIZE", get("AX_WHEEL_SIZE"), 8, 1 << 20),
     maxInFlightPerExecutor: int("AX_MAX_IN_FLIGHT", get("AX_MAX_IN_FLIGHT"), 1, 10_000_000),
+    spreadRate: int("AX_SPREAD_RATE", get("AX_SPREAD_RATE"), 0, 10_000_000),
+    maxAhead: int("AX_MAX_AHEAD", get("AX_MAX_AHEAD"), 0, 10_000_000),
     deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
     deliveryGraceMs: dur("AX_DELIVERY_GRACE", get("AX_DELIVERY_GRACE"), { allowZero: true }),

@@ -3,7 +3,7 @@ import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node"
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { AxError, InvalidInputError, RateWindow, SystemClock, connectNats, createLogger, names, type AxConfig, type Clock, type Logger, type Names } from "../common/index.ts";
 import { DeadLetters, DispatchDelivery, encode, noteJetStreamTrouble, ensureExecutorConsumer, ensureShardConsumers, ensureStreams, missingStreams } from "../protocol/index.ts";
-import { DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Releaser, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
+import { DECIDE_STEP_MS, DependencyActor, DueIndex, InFlightLimiter, NodeEvents, Persister, Releaser, ShardActor, Store, type ShardCommand } from "../actors/index.ts";
 import { LedgerStore } from "../actors/store/index.ts";
 import { LeaseBucket, ShardSupervisor, controlKey, type Heartbeat, type ShardHandle } from "../cluster/index.ts";
 import { Api } from "./api.ts";
@@ -171,7 +171,7 @@ export class AxNode {
       },
     });
     this.delivery = new DispatchDelivery({ jsm, names: this.names, clock: this.clock });
-    this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor);
+    this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor, c.maxAhead);
     this.noteExecutors(await this.store.listExecutors());
 
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
@@ -291,6 +291,7 @@ export class AxNode {
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, delivery: this.delivery, deliveryGraceMs: this.config.deliveryGraceMs, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
+      ...(this.config.spreadRate > 0 ? { perStep: this.perStep() } : {}),
       leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).
       pullExpiresMs: Math.min(30_000, Math.max(1000, Math.floor(this.supervisor.leaseTtlMs / 3))),
@@ -353,6 +354,14 @@ export class AxNode {
     };
   }
 
+  /**
+   * A shard's share of AX_SPREAD_RATE on one step of the decision grid, as if this node owned
+   * every shard: with more nodes a burst is spread earlier than it need be, never later.
+   */
+  private perStep(): number {
+    return Math.max(1, Math.ceil((this.config.spreadRate * DECIDE_STEP_MS) / 1000 / Math.max(1, this.shardCount)));
+  }
+
   /** Takes in the registered executors: each one's in-flight limit, and whether its runs may go out ahead of their due time. */
   private noteExecutors(list: ReadonlyArray<{ name: string; maxInFlight: number; holds: boolean }>): void {
     for (const e of list) this.noteExecutor(e.name, e.maxInFlight, e.holds);
@@ -361,6 +370,7 @@ export class AxNode {
   private noteExecutor(name: string, maxInFlight: number | null, holds: boolean): void {
     if (maxInFlight !== null) this.limiter.setLimit(name, maxInFlight);
     if (holds) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
+    this.limiter.setHolds(name, holds);
   }
 
   /**
@@ -495,7 +505,7 @@ export class AxNode {
       releaser: this.releaser?.stats ?? null,
       // Runs holding a place at their executors and tasks queued for one (a pinned inFlight with
       // a growing queue is the in-flight bound limiting the rate), and the shards' counters summed.
-      limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting() },
+      limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting(), ahead: this.limiter.ahead() },
       shardTotals: this.shardTotals(),
       events: this.nodeEvents?.stats ?? null,
     };

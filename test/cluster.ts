@@ -45,9 +45,9 @@ export class TestCluster {
     await waitFor(() => nodes.reduce((n, x) => n + x.ownedShards().length, 0) === count, timeoutMs, `all ${count} shards owned`);
   }
 
-  async startExecutor(name: string, handler: RunHandler, opts: { concurrency?: number; ackWaitMs?: number; holdAhead?: boolean } = {}): Promise<Executor> {
+  async startExecutor(name: string, handler: RunHandler, opts: { concurrency?: number; ackWaitMs?: number; holdAhead?: boolean; maxInFlight?: number } = {}): Promise<Executor> {
     const ex = new Executor({ name, handler, namespace: this.ns, nats: this.config.nats, concurrency: opts.concurrency ?? 64, eventFlushMs: 2, ...(opts.ackWaitMs ? { ackWaitMs: opts.ackWaitMs } : {}),
-      ...(opts.holdAhead !== undefined ? { holdAhead: opts.holdAhead } : {}) });
+      ...(opts.holdAhead !== undefined ? { holdAhead: opts.holdAhead } : {}), ...(opts.maxInFlight !== undefined ? { maxInFlight: opts.maxInFlight } : {}) });
     await ex.start();
     this.executors.push(ex);
     return ex;

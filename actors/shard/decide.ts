@@ -44,8 +44,13 @@ export interface DecisionPorts {
   clock: Pick<Clock, "now" | "monotonic">;
   log: Logger;
   tickMs: number;
-  limiter: Pick<InFlightLimiter, "tryAcquire" | "release" | "force" | "wait" | "limitOf" | "inFlight">;
-  horizon: Pick<Horizon, "cameDue" | "holdUntilDue" | "backToIndex" | "refilled" | "schedule" | "unschedule" | "takeOff" | "addTimeout" | "cancel">;
+  limiter: Pick<InFlightLimiter, "tryAcquire" | "tryAcquireAhead" | "mayGoAhead" | "release" | "force" | "wait" | "limitOf" | "inFlight">;
+  /**
+   * A run decided more than this before its due time was spread ahead by the horizon (a burst):
+   * it asks the limiter for a place ahead first (default: never).
+   */
+  spreadAheadMs?: number;
+  horizon: Pick<Horizon, "cameDue" | "holdUntilDue" | "deferToLead" | "backToIndex" | "refilled" | "schedule" | "unschedule" | "takeOff" | "addTimeout" | "cancel">;
   calendars: Pick<CalendarCache, "exclusion">;
   /** Runs written ahead and not released yet can be withdrawn; a run being published is not visible yet. */
   persister: Pick<Persister, "withdraw" | "isPublishing" | "landedAt">;
@@ -127,7 +132,7 @@ export class ShardDecisions {
 
   /** Everything in flight is forgotten and its places given back (the shard stops or is fenced). */
   dropInFlight(): void {
-    for (const run of this.inFlight.values()) this.p.limiter.release(run.executor);
+    for (const run of this.inFlight.values()) this.p.limiter.release(run.executor, run.ahead);
     this.inFlight.clear();
     this.waitingForCapacity.clear();
     const places = [...this.reserved.values()];
@@ -162,6 +167,13 @@ export class ShardDecisions {
               // Ahead of time, but a run of the task is still in flight: whether this slot fires
               // (overlap) is decided at its due time, when that run may have ended.
               this.p.horizon.holdUntilDue(id, due, w.inRedis);
+              continue;
+            }
+            if (canFire && due - now > (this.p.spreadAheadMs ?? Infinity) && !this.mayGoAhead(id)) {
+              // Spread ahead of a burst, but its executor does not hold runs (or is full, or has
+              // as many ahead as it may): decided in the lead, so it takes no place under the
+              // limit early that a run due before it needs.
+              this.p.horizon.deferToLead(id, due, w.inRedis);
               continue;
             }
             if (!canFire) { this.p.horizon.backToIndex(round, id, due); continue; }
@@ -262,6 +274,12 @@ export class ShardDecisions {
     round.touched.add(row.id);
   }
 
+  /** May the task's run go out ahead of the lead (see InFlightLimiter.mayGoAhead)? A task not loaded: onDue sees to it. */
+  private mayGoAhead(taskId: number): boolean {
+    const lt = this.live.get(taskId);
+    return !lt || this.p.limiter.mayGoAhead(lt.row.executor);
+  }
+
   /** A task with a run in flight is decided at its due time, not ahead of it. */
   private decideAtDue(taskId: number): boolean {
     const lt = this.live.get(taskId);
@@ -347,17 +365,19 @@ export class ShardDecisions {
     const waits = !opts.manual && source !== "dependency" && source !== "backfill";
     let placed = false;
     let waited = false;
+    let ahead = false;
     if (waits) {
       const reservedFor = this.reserved.get(row.id);
       if (reservedFor !== undefined) {
         this.reserved.delete(row.id);
         if (reservedFor === row.executor) placed = waited = true; else this.p.limiter.release(reservedFor);
       }
+      if (!placed && p.dueMs - now > (this.p.spreadAheadMs ?? Infinity)) placed = ahead = this.p.limiter.tryAcquireAhead(row.executor);
       if (!placed && !this.p.limiter.tryAcquire(row.executor)) { this.waitForCapacity(round, lt, p.dueMs); return; }
       placed = true;
     }
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
-    if (!res.ok && placed) this.p.limiter.release(row.executor);
+    if (!res.ok && placed) this.p.limiter.release(row.executor, ahead);
     const base: RunInsert = {
       id: runId, taskId: row.id, taskName: row.name, triggerId: opts.manual ? null : p.triggerId, source,
       dueMs: opts.manual ? now : p.dueMs, slotMs: opts.manual ? null : p.slotMs, dueReason: opts.manual ? `manual run${opts.manual.force ? " (--force)" : ""}` : waited ? `${p.reason}; it waited for a place at executor ${row.executor} (limit ${this.p.limiter.limitOf(row.executor)} runs in flight per node)` : p.reason,
@@ -411,6 +431,7 @@ export class ShardDecisions {
     if (advanceSchedule && p.source !== "retry") row.triggerSlots = countTaken(row, p.triggerId); // --max-runs
     if (opts.backfill) { const reply = opts.backfill; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.p.dispatchSecret, runId) };
+    if (ahead) run.ahead = true;
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
     if (!opts.manual && releaseAt > now) run.held = p;
     if (p.triggerId !== null && source !== "misfire") run.ledgerBefore = ledger.saveWatermark(row.triggerSlots, p.triggerId);
@@ -568,7 +589,7 @@ export class ShardDecisions {
   private finishRun(round: Round, run: InFlightRun, now: number, ev: TaskEvent, upd: Omit<RunUpdate, "id">): void {
     this.inFlight.delete(run.runId);
     if (run.ref) this.p.horizon.cancel(run.ref);
-    this.p.limiter.release(run.executor);
+    this.p.limiter.release(run.executor, run.ahead);
     this.stats.finished++;
     round.write.runUpdates.push({ id: run.runId, ...upd });
     const lt = this.live.get(run.taskId);

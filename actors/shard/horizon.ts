@@ -37,6 +37,13 @@ export interface HorizonOptions {
    * At most `leadMs`.
    */
   decideStepMs?: number;
+  /**
+   * At most this many due times are placed on one step of the decision grid (default 0: no
+   * bound). Past it they go on the latest earlier step with room, down to now: a burst of runs
+   * due at one instant is decided and written over the seconds before it, at the pace the node
+   * can keep, rather than all in the lead before it. Needs a decision grid.
+   */
+  perStep?: number;
   random?: () => number;
   /** Entries that came due on the wheel (tasks and timeouts), one call per tick. */
   onDue: (items: Array<{ dueMs: number; item: WheelItem }>, lateMs: number) => void;
@@ -74,6 +81,14 @@ export class Horizon {
    * ZREM that failed), the refill brings it back and onDue skips it: the row's due time decides.
    */
   private readonly unindexed = new Set<number>();
+  /**
+   * Due times placed per step of the decision grid (see perStep). Only counted up: an entry taken
+   * off leaves its count, so a step is at worst thought fuller than it is (the run is decided a
+   * step earlier). Steps in the past are dropped as the map grows.
+   */
+  private readonly stepLoad = new Map<number, number>();
+  /** The last spread: entries due on step `from` were placed down to step `to` (the steps between are full). */
+  private lastSpread = { from: NaN, to: NaN };
   private refillTimer: ReturnType<Clock["setTimeout"]> | null = null;
   private refilling: Promise<void> | null = null;
   private refills = 0;
@@ -111,7 +126,7 @@ export class Horizon {
     if (dueMs <= this.o.clock.now() + this.horizonMs) {
       // Placed `leadMs` ahead: the run is decided and written before its due time and released
       // (published) at it by the node's round (Persister), so the write is not on the fire path.
-      this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.decideAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
+      this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.placeAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
     } else {
       changes.redisAdd.push({ id, dueMs });
     }
@@ -121,6 +136,32 @@ export class Horizon {
   decideAt(dueMs: number): number {
     const at = dueMs - this.leadMs;
     return this.decideStepMs > 0 ? Math.floor(at / this.decideStepMs) * this.decideStepMs : at;
+  }
+
+  /**
+   * Where a due time goes on the wheel: decideAt, unless that step already holds `perStep`
+   * entries; then the latest earlier step with room, down to the current step (an entry placed
+   * there is decided at the next tick).
+   */
+  private placeAt(dueMs: number): number {
+    const at = this.decideAt(dueMs);
+    const cap = this.o.perStep ?? 0;
+    const step = this.decideStepMs;
+    if (cap <= 0 || step <= 0) return at;
+    const now = this.o.clock.now();
+    const current = Math.floor(now / step) * step;
+    if (at <= current) return at;
+    let to = at;
+    // Entries of a burst come in due order: the steps the last one of its step skipped are still full.
+    if (this.lastSpread.from === at && this.lastSpread.to < at) to = this.lastSpread.to;
+    while (to > current && (this.stepLoad.get(to) ?? 0) >= cap) to -= step;
+    if (to < current) to = current;
+    this.lastSpread = { from: at, to };
+    this.stepLoad.set(to, (this.stepLoad.get(to) ?? 0) + 1);
+    if (this.stepLoad.size > 2 * Math.ceil(this.horizonMs / step) + 16) {
+      for (const k of this.stepLoad.keys()) if (k < current) this.stepLoad.delete(k);
+    }
+    return to;
   }
 
   /** The task's entry on the wheel, cancelled and forgotten (undefined if it had none). */
@@ -160,6 +201,15 @@ export class Horizon {
     this.inWheel.delete(id);
     if (!w.inRedis) this.unindexed.add(id);
     return w;
+  }
+
+  /**
+   * Put back on the wheel where it goes without spreading (decideAt): a run spread ahead whose
+   * executor cannot take it ahead now is decided in the lead, as any run is.
+   */
+  deferToLead(id: number, dueMs: number, inRedis: boolean): void {
+    this.unindexed.delete(id);
+    this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.decideAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
   }
 
   /** Put back on the wheel at its due time itself (decided then, not `leadMs` ahead). */

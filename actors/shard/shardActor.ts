@@ -65,6 +65,12 @@ export interface ShardActorDeps {
    * step ahead of their due time.
    */
   decideStepMs?: number;
+  /**
+   * At most this many due times per step of the decision grid (see HorizonOptions.perStep;
+   * default 0: no bound): a burst is decided over the seconds before it. Its runs go ahead to an
+   * executor that holds them outside the in-flight limit (see InFlightLimiter.tryAcquireAhead).
+   */
+  perStep?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
   /**
@@ -172,13 +178,15 @@ export class ShardActor implements EventSink {
       shard, tickMs: deps.tickMs, wheelSize: deps.wheelSize, clock: deps.clock, log: this.log, due: deps.due, store: deps.store,
       ...(deps.horizonMs !== undefined ? { horizonMs: deps.horizonMs } : {}), ...(deps.refillEveryMs !== undefined ? { refillEveryMs: deps.refillEveryMs } : {}),
       ...(deps.leadMs !== undefined ? { leadMs: deps.leadMs } : {}), ...(deps.random ? { random: deps.random } : {}),
-      decideStepMs: deps.decideStepMs ?? DECIDE_STEP_MS,
+      decideStepMs: deps.decideStepMs ?? DECIDE_STEP_MS, ...(deps.perStep !== undefined ? { perStep: deps.perStep } : {}),
       onDue: (items, lateMs) => this.tell({ t: "due", items, lateMs }),
       onRefilled: (items) => this.tell({ t: "refilled", items }),
       active: () => this.state === "active",
     });
     this.decisions = new ShardDecisions({
       shard, epoch, nodeId: deps.nodeId, clock: deps.clock, log: this.log, tickMs: deps.tickMs, limiter: deps.limiter, horizon: this.horizon,
+      // Decided further ahead than the lead and a step (and a tick late): spread by the horizon.
+      spreadAheadMs: this.horizon.leadMs + this.horizon.decideStepMs + deps.tickMs,
       calendars: this.calendars,
       persister: deps.persister, catchUp: this.catchUp, delivery: deps.delivery, deliveryGraceMs: deps.deliveryGraceMs, dispatchSecret: deps.dispatchSecret, events: deps.events, random: deps.random,
       tell: (m) => this.tell(m), active: () => this.state === "active",

@@ -56,6 +56,8 @@ export interface InFlightRun {
   token: string;
   /** The task's trigger slots before this run's slot was taken (given back if the run is withdrawn). */
   slotsBefore?: { key: string; value: number | undefined };
+  /** Its place is one of the limiter's places ahead (see InFlightLimiter.tryAcquireAhead). */
+  ahead?: true;
   /** Recorded ahead of its due time: the pointer it was decided from (an update withdraws it and decides it again). */
   held?: Pointer;
   /** The ledger's watermark before this run's slot was accounted (given back with it). */

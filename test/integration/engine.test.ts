@@ -43,13 +43,13 @@ async function runsOf(s: Store, task: string) {
 }
 
 /** One node with every shard, and executor `w` noting each run's start: where most tests here begin. */
-async function oneNode(prefix: string, nodeId: string, env: Record<string, string> = {}, holdAhead?: boolean) {
+async function oneNode(prefix: string, nodeId: string, env: Record<string, string> = {}, holdAhead?: boolean, maxInFlight?: number) {
   tc = new TestCluster(prefix, env);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
   const starts: Start[] = [];
   const node = await tc.startNode(nodeId);
   await tc.waitForShards();
-  const ex = await tc.startExecutor("w", recordInto(starts), holdAhead === undefined ? {} : { holdAhead });
+  const ex = await tc.startExecutor("w", recordInto(starts), { ...(holdAhead === undefined ? {} : { holdAhead }), ...(maxInFlight === undefined ? {} : { maxInFlight }) });
   await ex.registered;
   // Returned as well, non-null, for the test to use (afterEach closes the module's copies).
   return { tc, store, starts, node, client: await tc.client() };
@@ -125,6 +125,50 @@ describe("engine v2", () => {
     expect(persister.ahead).toBe(tasks.length);
     expect(persister.held).toBe(0);
     await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 10_000, "every completion recorded");
+  });
+
+  // A burst known ahead (600 runs due at one instant) with AX_SPREAD_RATE=160: two due times per
+  // shard and 100 ms step (8 shards), so it is decided over the ~4 s before its instant. The
+  // executor's in-flight limit is 50: runs spread ahead to an executor that holds them are
+  // outside it; to one that does not, they are decided in the lead, as without spreading.
+  it.each([
+    { holds: true, name: "to an executor that holds runs: recorded and sent over the seconds before it, outside the in-flight limit, each started at its due time" },
+    { holds: false, name: "to an executor that does not hold runs: not spread, decided in the lead and within the limit as before" },
+  ])("a burst due at one instant is spread $name", async ({ holds }) => {
+    const { store, starts, client, node } = await oneNode(`engs${holds ? "h" : "n"}`, "s1", { AX_SPREAD_RATE: "160" }, holds, 50);
+    const due = Date.now() + 8000;
+    const at = new Date(due).toISOString();
+    const tasks = Array.from({ length: 600 }, (_, i) => ({ name: `b${i}`, executor: "w", at }));
+    for (let i = 0; i < tasks.length; i += 200) await client.call("task.bulkCreate", { tasks: tasks.slice(i, i + 200) });
+    let aheadSeen = 0;
+    await waitFor(async () => {
+      if (Date.now() < due) aheadSeen = Math.max(aheadSeen, ((await node.status()) as { limiter: { ahead: number } }).limiter.ahead);
+      return starts.length >= tasks.length;
+    }, 30_000, "every task ran");
+    await sleep(300);
+    expect(new Set(starts.map((s) => s.runId)).size).toBe(tasks.length);
+    expect(starts).toHaveLength(tasks.length);
+    for (const s of starts) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(due);
+    await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 20_000, "every completion recorded");
+    const created: number[] = [];
+    for (const t of tasks) {
+      const runs = await runsOf(store, t.name);
+      expect(runs, t.name).toHaveLength(1);
+      // Not ahead, the runs wait for places under the limit of 50: fired as places free, after the instant.
+      if (holds) expect(runs[0]!.firedMs).toBe(due); else expect(runs[0]!.firedMs).toBeGreaterThanOrEqual(due);
+      created.push(runs[0]!.createdMs);
+    }
+    const early = created.filter((c) => c < due - 1000).length;
+    if (holds) {
+      expect(early, "runs recorded more than a second before the instant").toBeGreaterThan(tasks.length / 3);
+      expect(aheadSeen, "runs placed ahead, past the executor's limit of 50").toBeGreaterThan(50);
+      for (const s of starts) expect(s.startedAt - due, `${s.task} held past its due time`).toBeLessThan(3000);
+    } else {
+      expect(early).toBe(0);
+      expect(aheadSeen).toBe(0);
+    }
+    const st = (await node.status()) as { limiter: { ahead: number; inFlight: number } };
+    expect([st.limiter.ahead, st.limiter.inFlight]).toEqual([0, 0]);
   });
 
   it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, 100-200 ms ahead", async () => {

@@ -43,9 +43,10 @@ function tenSeconds(row: TaskRow): TaskRow {
   return { ...row, triggers: [{ ...rateTrigger(), spec: { kind: "fixed_rate", everyMs: 10_000, anchorMs: T0 + 5000 - 100_000 } }], triggerSlots: { "11": slot - 10_000 } };
 }
 
-function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; deliveryGraceMs?: number } = {}) {
+function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; deliveryGraceMs?: number; maxAhead?: number; holds?: boolean } = {}) {
   const clock = new SimulatedClock(T0);
-  const limiter = new InFlightLimiter(opts.limit ?? 10);
+  const limiter = new InFlightLimiter(opts.limit ?? 10, opts.maxAhead ?? 0);
+  if (opts.holds) limiter.setHolds("e", true);
   const horizon = new Horizon({
     shard: 3, tickMs: 20, wheelSize: 512, clock, log: silentLogger, horizonMs: 5000, leadMs: 100,
     due: { rebuild: async () => undefined, takeDue: async () => [] }, store: { dueOfShard: async () => [] },
@@ -64,7 +65,7 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; d
   };
   const seen = { fired: [] as unknown[], finished: [] as Array<{ state: string; final: boolean }>, missed: [] as Array<{ reason: string }> };
   const d = new ShardDecisions({
-    shard: 3, epoch: 7, nodeId: "n1", clock, log: silentLogger, tickMs: 20, limiter, horizon,
+    shard: 3, epoch: 7, nodeId: "n1", clock, log: silentLogger, tickMs: 20, limiter, horizon, spreadAheadMs: 220,
     calendars: { exclusion: () => null },
     persister: { withdraw: (id) => withdrawable.delete(id), isPublishing: () => false, landedAt: (id) => landed.get(id) },
     catchUp: { covers: () => opts.covered ?? true, request: (then) => { catchUpRequests.push(then); } },
@@ -231,6 +232,60 @@ describe("shard decisions: due slots", () => {
     const r = s.decide([s.due(row)]);
     expect(r.write.runInserts).toEqual([]);
     expect(s.horizon.dueOf(1)).toBe(T0 + EVERY);
+  });
+});
+
+describe("shard decisions: runs spread ahead of a burst", () => {
+  /** The task's slot, due `aheadMs` from now, comes up now (as a spread entry does). */
+  const spreadDue = (s: Setup, row: TaskRow): Mail => { s.onWheel(row); return s.due(row); };
+
+  it("to an executor that holds runs: recorded now, released at its due time, on a place ahead that its end gives back", () => {
+    const s = setup({ holds: true, maxAhead: 5, limit: 1 });
+    const row = s.add(task(1, T0 + 3000));
+    const r = s.decide([spreadDue(s, row)]);
+    expect(r.write.runInserts.map((x) => [x.state, x.dueMs, x.firedMs])).toEqual([["running", T0 + 3000, T0 + 3000]]);
+    expect(r.dispatch.get("e")?.map((x) => x.firedAt)).toEqual([T0 + 3000]);
+    expect([s.limiter.ahead("e"), s.limiter.inFlight("e")]).toEqual([1, 0]);
+    // The place under the limit is still free for a run due now.
+    expect(s.limiter.tryAcquire("e")).toBe(true);
+    s.limiter.release("e");
+    s.clock.advance(3010);
+    s.decide([s.event(r.write.runInserts[0]!.id, "completed", { startedAt: T0 + 3001 })]);
+    expect([s.limiter.ahead("e"), s.limiter.inFlight("e")]).toEqual([0, 0]);
+  });
+
+  it.each([
+    { name: "its executor does not hold runs", o: { holds: false, maxAhead: 5 }, before: (_s: Setup) => undefined },
+    { name: "its executor has as many runs ahead as it may", o: { holds: true, maxAhead: 1 }, before: (s: Setup) => { expect(s.limiter.tryAcquireAhead("e")).toBe(true); } },
+    { name: "a run due now waits for a place at its executor", o: { holds: true, maxAhead: 5, limit: 1 }, before: (s: Setup) => { s.limiter.tryAcquire("e"); s.limiter.wait("e", { dueMs: T0, wake: () => true }); } },
+  ])("not ahead when $name: nothing written, back on the wheel in the lead", ({ o, before }) => {
+    const s = setup(o);
+    before(s);
+    const row = s.add(task(1, T0 + 3000));
+    const r = s.decide([spreadDue(s, row)]);
+    expect(r.write.runInserts).toEqual([]);
+    expect(r.dispatch.size).toBe(0);
+    expect(s.horizon.dueOf(1)).toBe(T0 + 3000);
+    expect(s.limiter.inFlight("e") + s.limiter.ahead("e")).toBe(o.maxAhead === 1 ? 1 : o.limit === 1 ? 1 : 0);
+  });
+
+  it("within the lead a run takes a place under the limit as before, whatever its executor", () => {
+    const s = setup({ holds: true, maxAhead: 5 });
+    const row = s.add(task(1, T0 + 150));
+    const r = s.decide([spreadDue(s, row)]);
+    expect(r.write.runInserts.map((x) => x.firedMs)).toEqual([T0 + 150]);
+    expect([s.limiter.ahead("e"), s.limiter.inFlight("e")]).toEqual([0, 1]);
+  });
+
+  it("a pause before its due time withdraws a run recorded ahead and gives its place ahead back", () => {
+    const s = setup({ holds: true, maxAhead: 5 });
+    const row = s.add(task(1, T0 + 3000));
+    const r = s.decide([spreadDue(s, row)]);
+    const runId = r.write.runInserts[0]!.id;
+    s.withdrawable.add(runId);
+    const p = s.decide([s.cmd({ type: "pause", taskId: 1 } as Extract<Mail, { t: "cmd" }>["cmd"])]);
+    expect(p.write.runUpdates.map((u) => [u.id, u.state])).toEqual([[runId, "refused"]]);
+    expect(s.limiter.ahead("e")).toBe(0);
   });
 });
 

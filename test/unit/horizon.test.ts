@@ -8,7 +8,7 @@ import { Horizon, type DueIndexChanges, type WheelItem } from "../../actors/shar
  * index here is a sorted list in memory standing in for Redis' sorted set: these tests are
  * about the horizon's bookkeeping, the real index has its own (test/integration).
  */
-function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: number; builtAfterRebuild?: boolean } = {}) {
+function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: number; perStep?: number; builtAfterRebuild?: boolean } = {}) {
   const clock = new SimulatedClock();
   const index = new Map<number, number>(); // task → due, the "Redis" side
   const pgDue: Array<{ id: number; dueMs: number }> = []; // what a rebuild reads from PostgreSQL
@@ -20,6 +20,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
     shard: 0, tickMs: 10, wheelSize: 512, clock, log: silentLogger,
     horizonMs: opts.horizonMs ?? 2000, leadMs: opts.leadMs ?? 100, random: () => 0,
     ...(opts.decideStepMs !== undefined ? { decideStepMs: opts.decideStepMs } : {}),
+    ...(opts.perStep !== undefined ? { perStep: opts.perStep } : {}),
     due: {
       rebuild: async (_s: number, entries: ReadonlyArray<{ id: number; dueMs: number }>) => {
         built.rebuilds++;
@@ -228,5 +229,87 @@ describe("shard horizon", () => {
     expect(again.built.rebuilds).toBe(1);
     expect(again.refilled).toEqual([]);
     stop(); again.stop();
+  });
+
+  /**
+   * The slow reference for spreading: every due time walks down from its unspread step, one step
+   * at a time, to the first with fewer than `cap` entries, not below the current step.
+   */
+  function referencePlacement(dues: Array<{ due: number; now: number }>, lead: number, step: number, cap: number): number[] {
+    const load = new Map<number, number>();
+    return dues.map(({ due, now }) => {
+      const at = Math.floor((due - lead) / step) * step;
+      const current = Math.floor(now / step) * step;
+      if (at <= current) return at;
+      let to = at;
+      while (to > current && (load.get(to) ?? 0) >= cap) to -= step;
+      to = Math.max(to, current);
+      load.set(to, (load.get(to) ?? 0) + 1);
+      return to;
+    });
+  }
+
+  it("spreading a burst: at most perStep due times per step, each as late as the reference places it, never after its unspread step nor before now (seeded, against a slow reference)", () => {
+    for (let seed = 1; seed <= 40; seed++) {
+      let x = seed;
+      const rnd = () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x / 2 ** 32; };
+      const cap = 1 + Math.floor(rnd() * 6);
+      const { clock, h, changes, came } = setup({ decideStepMs: 100, perStep: cap, horizonMs: 3000 });
+      const start = clock.now();
+      // A few bursts at single instants and some scattered due times, scheduled in batches as
+      // time moves (as refills and the API schedule them), in due order or not.
+      const instants = Array.from({ length: 1 + Math.floor(rnd() * 3) }, () => start + 300 + Math.floor(rnd() * 2500));
+      const planned: Array<{ id: number; due: number; now: number }> = [];
+      let id = 0;
+      h.start();
+      for (let batch = 0; batch < 4; batch++) {
+        const now = clock.now();
+        const dues: number[] = [];
+        for (let i = 0; i < 5 + Math.floor(rnd() * 40); i++) dues.push(rnd() < 0.7 ? instants[Math.floor(rnd() * instants.length)]! : now + 150 + Math.floor(rnd() * 2500));
+        if (rnd() < 0.5) dues.sort((a, b) => a - b);
+        for (const due of dues) { if (due <= now + 3000) { planned.push({ id: ++id, due, now }); h.schedule(changes(), id, due); } }
+        clock.advance(Math.floor(rnd() * 150));
+      }
+      clock.advance(4000);
+      const expected = referencePlacement(planned, 100, 100, cap);
+      const at = new Map(came.map((c) => [(c.item as { id: number }).id, c.at]));
+      expect(came, `seed ${seed}`).toHaveLength(planned.length);
+      planned.forEach((p, i) => {
+        const placed = expected[i]!;
+        const got = at.get(p.id)!;
+        // It came up on the tick of its step (10 ms ticks), or at the next tick if that step was already past.
+        expect(got, `seed ${seed} id ${p.id}`).toBeGreaterThanOrEqual(Math.max(placed, p.now));
+        expect(got, `seed ${seed} id ${p.id}`).toBeLessThanOrEqual(Math.max(placed, p.now) + 10);
+        expect(placed).toBeLessThanOrEqual(h.decideAt(p.due)); // never later than unspread
+        expect(got).toBeLessThan(p.due);                       // always decided ahead of its due time
+      });
+      // No future step holds more than cap entries placed there by spreading.
+      const perStep = new Map<number, number>();
+      planned.forEach((p, i) => { if (expected[i]! > Math.floor(p.now / 100) * 100) perStep.set(expected[i]!, (perStep.get(expected[i]!) ?? 0) + 1); });
+      for (const n of perStep.values()) expect(n).toBeLessThanOrEqual(cap);
+    }
+  });
+
+  it("spreading: 1,000 due at one instant go on the 100 steps before it, 10 a step, the last ones in the lead", () => {
+    const { clock, h, changes, came } = setup({ decideStepMs: 100, perStep: 10, horizonMs: 10_000 });
+    const due = Math.floor(clock.now() / 100) * 100 + 10_000;
+    for (let id = 1; id <= 1000; id++) h.schedule(changes(), id, due);
+    h.start();
+    clock.advance(10_100);
+    const steps = new Map<number, number>();
+    for (const c of came) { const s0 = Math.floor(c.at / 100) * 100; steps.set(s0, (steps.get(s0) ?? 0) + 1); }
+    expect(came).toHaveLength(1000);
+    expect(Math.max(...steps.values())).toBe(10);
+    expect(Math.max(...came.map((c) => c.at))).toBeLessThanOrEqual(due - 100);
+    expect(Math.min(...came.map((c) => c.at))).toBeGreaterThanOrEqual(due - 10_000);
+  });
+
+  it("deferToLead: an entry spread ahead goes back to its unspread step", () => {
+    const { clock, h, came } = setup({ decideStepMs: 100, perStep: 1 });
+    const due = Math.floor(clock.now() / 100) * 100 + 1500;
+    h.start();
+    h.deferToLead(9, due, false);
+    clock.advance(1500);
+    expect(came.map((c) => [c.item, c.at])).toEqual([[{ k: 0, id: 9, due }, h.decideAt(due)]]);
   });
 });

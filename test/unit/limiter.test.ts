@@ -93,4 +93,66 @@ describe("in-flight limiter", () => {
       expect(served, `seed ${seed} exercised the queue`).toBeGreaterThan(0);
     }
   });
+
+  it("places ahead: only at an executor that holds, only while nobody waits, at most maxAhead, outside the limit", () => {
+    const l = new InFlightLimiter(1, 2);
+    expect(l.tryAcquireAhead("x")).toBe(false); // not known to hold runs
+    l.setHolds("x", true);
+    expect(l.tryAcquire("x")).toBe(true); // the one place under the limit is taken
+    expect(l.tryAcquireAhead("x")).toBe(true);
+    expect(l.tryAcquireAhead("x")).toBe(true);
+    expect(l.mayGoAhead("x")).toBe(false); // maxAhead reached
+    expect(l.tryAcquireAhead("x")).toBe(false);
+    expect([l.inFlight("x"), l.ahead("x"), l.byExecutor().get("x")]).toEqual([1, 2, 3]);
+    // A place ahead given back frees no place under the limit (and wakes nobody).
+    let woke = 0;
+    l.wait("x", { dueMs: 1, wake: () => { woke++; return true; } });
+    l.release("x", true);
+    expect([woke, l.ahead("x"), l.inFlight("x")]).toEqual([0, 1, 1]);
+    // Somebody waits: no place ahead even with room, so a run due now never waits behind a later one.
+    expect(l.mayGoAhead("x")).toBe(false);
+    l.release("x");
+    expect(woke).toBe(1);
+    expect(l.mayGoAhead("x")).toBe(true);
+    l.setHolds("x", false);
+    expect(l.mayGoAhead("x")).toBe(false);
+    expect(new InFlightLimiter(1).mayGoAhead("y")).toBe(false); // maxAhead 0 by default
+  });
+
+  it("property: places ahead never pass maxAhead, never go to a non-holding executor or past a waiter, and the counts come back to zero (seeded)", () => {
+    for (let seed = 1; seed <= 60; seed++) {
+      const rand = rng(seed);
+      const maxAhead = Math.floor(rand() * 5);
+      const l = new InFlightLimiter(1 + Math.floor(rand() * 3), maxAhead);
+      const holds = rand() < 0.7;
+      l.setHolds("x", holds);
+      const placed: boolean[] = []; // true: ahead, false: under the limit
+      let waiters = 0;
+      for (let step = 0; step < 200; step++) {
+        const r = rand();
+        if (r < 0.35) {
+          const before = { waiting: l.waiting("x"), ahead: l.ahead("x") };
+          const ok = l.tryAcquireAhead("x");
+          if (ok) {
+            expect(holds).toBe(true);
+            expect(before.waiting).toBe(0);
+            expect(before.ahead).toBeLessThan(maxAhead);
+            placed.push(true);
+          }
+        } else if (r < 0.6) {
+          if (l.tryAcquire("x")) placed.push(false);
+          else { waiters++; l.wait("x", { dueMs: step, wake: () => { placed.push(false); return true; } }); }
+        } else if (placed.length) {
+          const i = Math.floor(rand() * placed.length);
+          const ahead = placed.splice(i, 1)[0]!;
+          l.release("x", ahead);
+        }
+        expect(l.ahead("x")).toBe(placed.filter((a) => a).length);
+        expect(l.ahead("x")).toBeLessThanOrEqual(maxAhead);
+        expect(l.inFlight("x") + l.ahead("x")).toBe(l.byExecutor().get("x") ?? 0);
+      }
+      while (placed.length) l.release("x", placed.pop()!);
+      expect([l.ahead("x"), l.inFlight("x"), l.waiting("x")], `seed ${seed} (${waiters} waited)`).toEqual([0, 0, 0]);
+    }
+  });
 });
