@@ -31,7 +31,11 @@ export const PEER_CONCURRENCY = 100;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-export interface PeerResult { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; tasks: number; rate: number | null; dueMs: number; /** How long after T0 the last job was added (0: in time). */ createdLateMs: number }
+export interface PeerResult {
+  s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; tasks: number; rate: number | null; dueMs: number;
+  /** How long after T0 the last job was added (0: in time). */ createdLateMs: number;
+  /** The runs the CPU window holds: the measured ones and the warm-up's (as for ax, run.ts axStep). */ cpuRuns: number;
+}
 export interface PeerOptions { hz: number; concurrency?: number; /** least lead time, as for ax (run.ts --lead) */ minLeadMs?: number }
 
 function redisConn(url: string) {
@@ -109,12 +113,13 @@ class BullBench {
     if (warmup > 0) await this.add(WARM_UP_STEP, warmup, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / warmRate));
     const createMs = await this.add(step, tasks, due);
     const createdLateMs = Math.max(0, Date.now() - T0);
-    await sleep(Math.max(0, T0 - 300 - Date.now()));
+    // As for ax (run.ts axStep): CPU from the end of creation, the warm-up's jobs included.
     const u0 = await this.ask<NodeUsage>({ t: "usage" }); const r0 = this.redis.cpuS();
+    await sleep(Math.max(0, T0 - 300 - Date.now()));
     const s = await this.ask<RecorderSummary & { done: boolean }>({ t: "wait", n: tasks, timeoutMs: due(tasks - 1) - Date.now() + (rate === null ? 120_000 : 30_000) });
     const u1 = await this.ask<NodeUsage>({ t: "usage" });
     const redis = Math.round((this.redis.cpuS() - r0) * 100) / 100;
-    return { s, u0, u1, sv: { postgres: 0, redis, nats: 0, total: redis }, createMs, tasks, rate, dueMs: T0, createdLateMs };
+    return { s, u0, u1, sv: { postgres: 0, redis, nats: 0, total: redis }, createMs, tasks, rate, dueMs: T0, createdLateMs, cpuRuns: s.runs + warmup };
   }
   async stop(): Promise<void> {
     if (this.child && this.child.exitCode === null) {

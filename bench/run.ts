@@ -114,21 +114,22 @@ const NO_SERVERS: ServersCpu = { postgres: 0, redis: 0, nats: 0, total: 0 };
  * ax's Redis and NATS are the machine's shared servers (other work on the box counts too); the
  * peer's Redis is its own instance.
  */
-function cpuPerRun(s: RecorderSummary | null, u0: NodeUsage, u1: NodeUsage, sv: ServersCpu): Record<string, unknown> {
+function cpuPerRun(s: RecorderSummary | null, u0: NodeUsage, u1: NodeUsage, sv: ServersCpu, cpuRuns?: number): Record<string, unknown> {
   if (!s || !s.runs) return {};
-  const us = (cpuS: number) => r1((cpuS * 1e6) / s.runs);
+  const runs = cpuRuns ?? s.runs;
+  const us = (cpuS: number) => r1((cpuS * 1e6) / runs);
   const parts = { node: us(u1.cpuS - u0.cpuS), postgres: us(sv.pgOwn ?? sv.postgres), redis: us(sv.redis), nats: us(sv.nats), executor: us(sv.executor ?? 0) };
   return { cpuUsPerRun: r1(parts.node + parts.postgres + parts.redis + parts.nats + parts.executor), cpuUsPerRunParts: parts };
 }
 
-function row(scenario: string, tasks: number, rate: number | null, s: RecorderSummary | null, u0: NodeUsage, u1: NodeUsage, sv: ServersCpu, extra: Record<string, unknown> = {}): ResultRow {
+function row(scenario: string, tasks: number, rate: number | null, s: RecorderSummary | null, u0: NodeUsage, u1: NodeUsage, sv: ServersCpu, extra: Record<string, unknown> = {}, cpuRuns?: number): ResultRow {
   const achieved = s && s.runs > 1 && s.lastStartMs !== null && s.firstStartMs !== null && s.lastStartMs > s.firstStartMs
     ? Math.round((s.runs - 1) / ((s.lastStartMs - s.firstStartMs) / 1000)) : null;
   return {
     scenario, tasks, rate, achievedRate: achieved,
     latencyMs: s ? s.latencyMs : null, steadyLatencyMs: s ? s.steadyLatencyMs : null, lost: s ? s.lost : 0, duplicated: s ? s.duplicated : 0, early: s ? s.early : 0,
     nodeCpuS: r2(u1.cpuS - u0.cpuS), ...(u1.sysS !== undefined && u0.sysS !== undefined ? { nodeSysS: r2(u1.sysS - u0.sysS) } : {}),
-    nodeRssMb: r1(Math.max(u1.rssMb, u0.rssMb)), serversCpuS: sv.total, serversCpu: sv, ...cpuPerRun(s, u0, u1, sv),
+    nodeRssMb: r1(Math.max(u1.rssMb, u0.rssMb)), serversCpuS: sv.total, serversCpu: sv, ...cpuPerRun(s, u0, u1, sv, cpuRuns),
     ...(s?.breakdownMs ? { breakdownMs: s.breakdownMs } : {}), ...extra,
   };
 }
@@ -157,6 +158,7 @@ interface AxStep {
   s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; createMs: number; xc: CrossCheckResult | CrossCheckError;
   /** T0: the first measured due time */ dueMs: number;
   /** How long after T0 the last task was created (0: in time). */ createdLateMs: number;
+  /** The runs the CPU window holds: the measured ones and the warm-up's. */ cpuRuns: number;
 }
 
 /**
@@ -176,11 +178,16 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const cr = await b.bulkCreate(prefix, tasks, due);
   const createdLateMs = Math.max(0, Date.now() - T0);
   if (Date.now() > T0 - 1000) log(`warning: creating ${tasks} tasks took ${Math.round(cr.ms)}ms, close to the lead of ${leadMs}ms`);
+  // CPU from the end of creation: what the node does ahead of the due times (a spread burst is
+  // recorded up to 10 s before it) counts, and so do the warm-up's runs (cpuRuns).
+  const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage(); const u0 = await b.usage(); const s0 = serversCpu();
+  const heap0 = process.memoryUsage().heapUsed;
   await sleep(Math.max(0, T0 - 300 - Date.now()));
+  // The executor runs in this process: what it holds ahead of T0 shows in this heap.
+  if (verbose) log(`heap of the bench process (recorder and executor): ${Math.round(heap0 / 1e6)} MB after creation, ${Math.round(process.memoryUsage().heapUsed / 1e6)} MB 300 ms before T0`);
   log(`created ${tasks} tasks in ${Math.round(cr.ms)}ms; the first is due at ${new Date(T0).toISOString().slice(11, 23)}`);
   await b.profStart();
-  const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage();
-  const u0 = await b.usage(); const s0 = serversCpu(); const pg0 = verbose ? await b.pgStats() : null;
+  const pg0 = verbose ? await b.pgStats() : null;
   const graceMs = o.graceMs ?? 30_000;
   // --verbose: once a second, the node's limiter (runs in flight, tasks waiting for a place), its
   // shards' fired/finished counters and the persister's last batch, beside the runs seen so far.
@@ -212,7 +219,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   let xc = await check();
   for (let attempt = 0; attempt < 15 && xc instanceof CrossCheckError; attempt++) { await sleep(1000); xc = await check(); }
   if (xc instanceof CrossCheckError) log(`cross-check of ${prefix}: ${xc.message}`);
-  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs };
+  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs, cpuRuns: s.runs + o.warm };
 }
 
 /** A seed step: `tasks` due from T0 on at `rate`/s, warmed with `warm` runs at the same rate. */
@@ -248,14 +255,14 @@ async function seedScenario(name: string, defTasks: number, defRate: number, emi
   const rate = num("rate") ?? defRate;
   log(`${name}: ${tasks} tasks at ${rate}/s, after ${warmup} unmeasured`);
   const ax = await withBench(benchOpts, (b) => axSeed(b, "t", tasks, rate, warmup));
-  const axRow = row(name, tasks, rate, ax.s, ax.u0, ax.u1, ax.sv, { createPerSec: Math.round(tasks / (ax.createMs / 1000)), ...xcFields(agreed(ax, `${name} (ax)`)) });
+  const axRow = row(name, tasks, rate, ax.s, ax.u0, ax.u1, ax.sv, { createPerSec: Math.round(tasks / (ax.createMs / 1000)), ...xcFields(agreed(ax, `${name} (ax)`)) }, ax.cpuRuns);
   if (name === "seed-500k" && !runExploration.length) seed500Default = { row: axRow, series: ax.s.series };
   const peers: Array<{ row: ResultRow; series: SeriesPoint[] }> = [];
   if (peer) for (const v of peerVariants) {
     log(`${name}: the same on BullMQ (redis-server hz ${v.hz})`);
     const pr = await runBullSeed({ tasks, rate, warmup, hz: v.hz, minLeadMs });
     peerAgreed(pr, `${name} (${v.label})`);
-    const peerRow = row(name, tasks, rate, pr.s, pr.u0, pr.u1, pr.sv, peerExtra(v.label, v.hz));
+    const peerRow = row(name, tasks, rate, pr.s, pr.u0, pr.u1, pr.sv, peerExtra(v.label, v.hz), pr.cpuRuns);
     peerRow.ratios = seedRatios(axRow, peerRow);
     peerRow.ratio = (peerRow.ratios as Record<string, number | null>).p99 ?? null;
     peers.push({ row: peerRow, series: pr.s.series });
@@ -288,7 +295,7 @@ async function maxRateScenario(emit: Emit): Promise<void> {
       const pass = r.s.lost === 0 && r.s.duplicated === 0 && r.s.early === 0 && r.s.latencyMs.p99 <= p99Limit;
       // A passing step whose figures the runs table contradicts cannot be the row: stop here.
       if (pass) agreed(r, `max-rate step ${step} (ax)`);
-      const rr = row("max-rate", tasks, rate, r.s, r.u0, r.u1, r.sv, agrees ? xcFields(r.xc as CrossCheckResult) : {});
+      const rr = row("max-rate", tasks, rate, r.s, r.u0, r.u1, r.sv, agrees ? xcFields(r.xc as CrossCheckResult) : {}, r.cpuRuns);
       steps.push({ rate, p99: r.s.latencyMs.p99, lost: r.s.lost, dup: r.s.duplicated, early: r.s.early, achieved: rr.achievedRate, pass, crossCheck: agrees });
       log(`max-rate step ${step}: ${rate}/s → p99 ${r.s.latencyMs.p99}ms lost ${r.s.lost} dup ${r.s.duplicated} early ${r.s.early}${agrees ? "" : " (runs table disagrees)"} ${pass ? "pass" : "FAIL"}`);
       if (pass) { lo = rate; if (!bestBox.v || rate > bestBox.v.rate) bestBox.v = { rate, r: rr, s: r.s }; }
@@ -311,7 +318,7 @@ async function maxRateScenario(emit: Emit): Promise<void> {
     const v = peerVariants[0]!;
     const pr = await runBullSweep({ start, windowS, budgetS, p99Limit, hz: v.hz, log, minLeadMs });
     const warmTasks = sweepWarmUp(start, windowS).tasks;
-    const peerRow = pr.best ? row("max-rate", pr.best.tasks, pr.best.rate, pr.best.s, pr.best.u0, pr.best.u1, pr.best.sv, peerExtra(v.label, v.hz, warmTasks))
+    const peerRow = pr.best ? row("max-rate", pr.best.tasks, pr.best.rate, pr.best.s, pr.best.u0, pr.best.u1, pr.best.sv, peerExtra(v.label, v.hz, warmTasks), pr.best.cpuRuns)
       : row("max-rate", 0, 0, null, ZERO, ZERO, NO_SERVERS, peerExtra(v.label, v.hz, warmTasks));
     peerRow.sweep = pr.steps;
     peerRow.ratio = axRow.rate && peerRow.rate ? r2(axRow.rate / peerRow.rate) : null;
@@ -325,22 +332,23 @@ async function maxRateScenario(emit: Emit): Promise<void> {
 const BURST_WARM_RATE = 8200;
 
 /** burst: `tasks` due at one instant; the figure is the last handler start after that instant. */
-function burstRow(tasks: number, s: RecorderSummary, u0: NodeUsage, u1: NodeUsage, sv: ServersCpu, dueMs: number, extra: Record<string, unknown>): ResultRow {
-  return row("burst", tasks, null, s, u0, u1, sv, { lastStartMs: s.lastStartMs !== null ? Math.round(s.lastStartMs - dueMs) : null,
-    ...extra, achievedRate: s.lastStartMs !== null && s.lastStartMs > dueMs ? Math.round(s.runs / ((s.lastStartMs - dueMs) / 1000)) : null });
+function burstRow(tasks: number, x: { s: RecorderSummary; u0: NodeUsage; u1: NodeUsage; sv: ServersCpu; dueMs: number; cpuRuns: number }, extra: Record<string, unknown>): ResultRow {
+  const { s, dueMs } = x;
+  return row("burst", tasks, null, s, x.u0, x.u1, x.sv, { lastStartMs: s.lastStartMs !== null ? Math.round(s.lastStartMs - dueMs) : null,
+    ...extra, achievedRate: s.lastStartMs !== null && s.lastStartMs > dueMs ? Math.round(s.runs / ((s.lastStartMs - dueMs) / 1000)) : null }, x.cpuRuns);
 }
 
 async function burstScenario(emit: Emit): Promise<void> {
   const tasks = num("tasks") ?? (quick ? 10_000 : 100_000);
   log(`burst: ${tasks} tasks due at one instant, after ${warmup} unmeasured`);
   const ax = await withBench(benchOpts, (b) => axStep(b, "t", tasks, (T0) => T0, { warm: warmup, warmRate: BURST_WARM_RATE, warmGapMs: 2000, graceMs: 120_000 }));
-  const axRow = burstRow(tasks, ax.s, ax.u0, ax.u1, ax.sv, ax.dueMs, xcFields(agreed(ax, "burst (ax)")));
+  const axRow = burstRow(tasks, ax, xcFields(agreed(ax, "burst (ax)")));
   const peers: ResultRow[] = [];
   if (peer) for (const v of peerVariants) {
     log(`burst: the same on BullMQ (redis-server hz ${v.hz})`);
     const pr = await runBullBurst({ tasks, warmup, warmRate: BURST_WARM_RATE, hz: v.hz, minLeadMs });
     peerAgreed(pr, `burst (${v.label})`);
-    const pRow = burstRow(tasks, pr.s, pr.u0, pr.u1, pr.sv, pr.dueMs, peerExtra(v.label, v.hz));
+    const pRow = burstRow(tasks, pr, peerExtra(v.label, v.hz));
     const a = axRow.lastStartMs as number | null; const p = pRow.lastStartMs as number | null;
     pRow.ratio = a !== null && p ? r2(a / p) : null;
     pRow.ratios = { lastStartMs: pRow.ratio, cpuUsPerRun: axRow.cpuUsPerRun && pRow.cpuUsPerRun ? r2((axRow.cpuUsPerRun as number) / (pRow.cpuUsPerRun as number)) : null };
@@ -363,7 +371,7 @@ async function shardsScenario(emit: Emit): Promise<void> {
   const run = async (o: AxBenchOptions, label: string) => {
     log(`shards: ${tasks} tasks at ${rate}/s on ${label}`);
     const r = await withBench(o, (b) => axSeed(b, "t", tasks, rate, warmup));
-    return { row: row("shards", tasks, rate, r.s, r.u0, r.u1, r.sv, xcFields(agreed(r, `shards, ${label}`))), series: r.s.series };
+    return { row: row("shards", tasks, rate, r.s, r.u0, r.u1, r.sv, xcFields(agreed(r, `shards, ${label}`)), r.cpuRuns), series: r.s.series };
   };
   const d = seed500Default && seed500Default.row.tasks === tasks && seed500Default.row.rate === rate
     ? { row: { ...seed500Default.row, scenario: "shards", reusedFrom: "seed-500k" }, series: seed500Default.series }
