@@ -114,7 +114,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
   AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
   AX_SPREAD_RATE: "runs a second a node decides for one instant before it spreads the rest of a burst over the seconds before it (up to the wheel's horizon, 10 s), so a burst known ahead is recorded ahead; 0: no spreading",
-  AX_MAX_AHEAD: "runs per executor, beyond AX_MAX_IN_FLIGHT, that a spread burst may send ahead of their due time to an executor that holds them (each costs the executor about 1 KB until it starts); 0: none",
+  AX_MAX_AHEAD: "runs per executor, beyond AX_MAX_IN_FLIGHT, that a spread burst may send ahead of their due time to an executor that holds them (each costs the executor about 0.5 KB of heap until it starts); 0: none",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
   AX_DELIVERY_GRACE: "longest a run no executor has taken from the stream (none pulling, all full, a NATS leader election) waits past its timeout before it times out; 0s: not at all",
