@@ -19,7 +19,7 @@
 import { fork, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { Queue, Worker, type Job } from "bullmq";
-import { Recorder, type RecorderSummary } from "./recorder.ts";
+import { Recorder, cpuWindow, type RecorderSummary } from "./recorder.ts";
 import type { ServersCpu } from "./proc.ts";
 import type { NodeUsage } from "./harness.ts";
 import { nextSweepRate, sweepWarmUp } from "./sweep.ts";
@@ -110,16 +110,19 @@ class BullBench {
     const T0 = Date.now() + leadMs;
     const due = (i: number) => dueOf(T0, i);
     await this.ask({ t: "record", step, expected: tasks, origin: T0 });
-    if (warmup > 0) await this.add(WARM_UP_STEP, warmup, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / warmRate));
+    const warmDue = (i: number) => T0 - warmSpanMs + Math.floor((i * 1000) / warmRate);
+    if (warmup > 0) await this.add(WARM_UP_STEP, warmup, warmDue);
     const createMs = await this.add(step, tasks, due);
     const createdLateMs = Math.max(0, Date.now() - T0);
-    // As for ax (run.ts axStep): CPU from the end of creation, the warm-up's jobs included.
+    // As for ax (run.ts axStep): CPU from CPU_AHEAD_MS before T0, the warm-up's jobs due in it included.
+    const cw = cpuWindow(Date.now(), T0, warmup, warmDue);
+    await sleep(Math.max(0, cw.fromMs - Date.now()));
     const u0 = await this.ask<NodeUsage>({ t: "usage" }); const r0 = this.redis.cpuS();
     await sleep(Math.max(0, T0 - 300 - Date.now()));
     const s = await this.ask<RecorderSummary & { done: boolean }>({ t: "wait", n: tasks, timeoutMs: due(tasks - 1) - Date.now() + (rate === null ? 120_000 : 30_000) });
     const u1 = await this.ask<NodeUsage>({ t: "usage" });
     const redis = Math.round((this.redis.cpuS() - r0) * 100) / 100;
-    return { s, u0, u1, sv: { postgres: 0, redis, nats: 0, total: redis }, createMs, tasks, rate, dueMs: T0, createdLateMs, cpuRuns: s.runs + warmup };
+    return { s, u0, u1, sv: { postgres: 0, redis, nats: 0, total: redis }, createMs, tasks, rate, dueMs: T0, createdLateMs, cpuRuns: s.runs + cw.warmRuns };
   }
   async stop(): Promise<void> {
     if (this.child && this.child.exitCode === null) {

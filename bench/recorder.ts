@@ -197,3 +197,21 @@ export class Recorder {
     });
   }
 }
+
+/**
+ * How long before the first measured due time the CPU window opens: the horizon (10 s, the
+ * furthest ahead ax decides and records a run, for a spread burst) and a second. Earlier than
+ * that a node, like BullMQ's worker, only idles: counting it would add idle cost to every run.
+ */
+export const CPU_AHEAD_MS = 11_000;
+
+/**
+ * When a step's CPU window opens (not before creation ended, `now`) and how many warm-up runs,
+ * due at `warmDue(i)`, fall in it: they are counted with the measured runs.
+ */
+export function cpuWindow(now: number, T0: number, warm: number, warmDue: (i: number) => number): { fromMs: number; warmRuns: number } {
+  const fromMs = Math.max(now, T0 - CPU_AHEAD_MS);
+  let warmRuns = 0;
+  for (let i = 0; i < warm; i++) if (warmDue(i) >= fromMs) warmRuns++;
+  return { fromMs, warmRuns };
+}

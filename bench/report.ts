@@ -233,11 +233,12 @@ ${plot ? `## Lateness over time (${plot.row.scenario}${plot.row.quick ? ", scale
   the window are in no figure (the cross-check leaves them out too).
 - **achieved** = runs per second between the first and the last handler start (burst: runs / time
   from the due instant to the last start; create: tasks registered per second).
-- **CPU µs/run** = CPU of every process involved from the end of creation to the end of the
-  measured window ÷ the runs in it (the measured ones and the warm-up's): the node (BullMQ:
-  the worker), this namespace's PostgreSQL backends, Redis, NATS and the executor (the bench
-  process). The window opens at the end of creation, not at the first due time, because ax does
-  work ahead of the due times (a burst is recorded up to 10 s before it): that work counts. ax's Redis and NATS are the machine's shared servers, so other work on the box counts
+- **CPU µs/run** = CPU of every process involved from 11 s before the first measured due time
+  (or the end of creation, if later) to the end of the measured window ÷ the runs due in it (the
+  measured ones and the warm-up's): the node (BullMQ: the worker), this namespace's PostgreSQL
+  backends, Redis, NATS and the executor (the bench process). The window opens that early
+  because ax does work ahead of the due times (a burst is recorded up to 10 s before it, the
+  horizon): that work counts. ax's Redis and NATS are the machine's shared servers, so other work on the box counts
   too; BullMQ's Redis is its own. **node CPU s / RSS** = the node (worker) process alone;
   **servers CPU s** = every postgres, redis-server and nats-server on the machine for ax, the peer's
   own redis-server for BullMQ.

@@ -28,7 +28,7 @@ import { appendFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { AxBench, CrossCheckError, RefusedRow, WARMUP_PREFIX, isExploration, pgTaskBytes, sleep, type AxBenchOptions, type NodeUsage } from "./harness.ts";
 import { diffServers, serversCpu, type ServersCpu } from "./proc.ts";
-import type { RecorderSummary, SeriesPoint } from "./recorder.ts";
+import { cpuWindow, type RecorderSummary, type SeriesPoint } from "./recorder.ts";
 import type { CrossCheckResult } from "./crosscheck.ts";
 import { PEER_CONCURRENCY, runBullBurst, runBullSeed, runBullSweep } from "./peer-bullmq.ts";
 import { METHOD, writeReports, type ResultRow } from "./report.ts";
@@ -174,14 +174,17 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const T0 = Date.now() + leadMs;
   const due = (i: number) => dueOf(T0, i);
   const rec = b.record(prefix, tasks, T0, due);
-  if (o.warm > 0) await b.bulkCreate(WARMUP_PREFIX, o.warm, (i) => T0 - warmSpanMs + Math.floor((i * 1000) / o.warmRate));
+  const warmDue = (i: number) => T0 - warmSpanMs + Math.floor((i * 1000) / o.warmRate);
+  if (o.warm > 0) await b.bulkCreate(WARMUP_PREFIX, o.warm, warmDue);
   const cr = await b.bulkCreate(prefix, tasks, due);
   const createdLateMs = Math.max(0, Date.now() - T0);
   if (Date.now() > T0 - 1000) log(`warning: creating ${tasks} tasks took ${Math.round(cr.ms)}ms, close to the lead of ${leadMs}ms`);
-  // CPU from the end of creation: what the node does ahead of the due times (a spread burst is
-  // recorded up to 10 s before it) counts, and so do the warm-up's runs (cpuRuns).
-  const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage(); const u0 = await b.usage(); const s0 = serversCpu();
+  // CPU from CPU_AHEAD_MS before T0: what the node does ahead of the due times (a spread burst is
+  // recorded up to 10 s before it) counts, and so do the warm-up's runs due in the window.
   const heap0 = process.memoryUsage().heapUsed;
+  const cw = cpuWindow(Date.now(), T0, o.warm, warmDue);
+  await sleep(Math.max(0, cw.fromMs - Date.now()));
+  const own0 = await b.pgOwnCpuS(); const me0 = process.cpuUsage(); const u0 = await b.usage(); const s0 = serversCpu();
   await sleep(Math.max(0, T0 - 300 - Date.now()));
   // The executor runs in this process: what it holds ahead of T0 shows in this heap.
   if (verbose) log(`heap of the bench process (recorder and executor): ${Math.round(heap0 / 1e6)} MB after creation, ${Math.round(process.memoryUsage().heapUsed / 1e6)} MB 300 ms before T0`);
@@ -219,7 +222,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   let xc = await check();
   for (let attempt = 0; attempt < 15 && xc instanceof CrossCheckError; attempt++) { await sleep(1000); xc = await check(); }
   if (xc instanceof CrossCheckError) log(`cross-check of ${prefix}: ${xc.message}`);
-  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs, cpuRuns: s.runs + o.warm };
+  return { s, u0, u1, sv, createMs: cr.ms, xc, dueMs: T0, createdLateMs, cpuRuns: s.runs + cw.warmRuns };
 }
 
 /** A seed step: `tasks` due from T0 on at `rate`/s, warmed with `warm` runs at the same rate. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { Recorder, percentile, summarize } from "../../bench/recorder.ts";
+import { CPU_AHEAD_MS, Recorder, cpuWindow, percentile, summarize } from "../../bench/recorder.ts";
 import { crossCheck, type RunRowTuple } from "../../bench/crosscheck.ts";
 
 const T0 = 1_800_000_000_000;
@@ -125,5 +125,16 @@ describe("bench cross-check against the runs table", () => {
     expect(x).toMatchObject({ started: 2, afterWindow: 1 });
     t[2]![3] = dueOf(0) + 500; // well before the close, yet the handler never saw it
     expect(crossCheck(t, r, dueOf, 20).problems.join(" ")).toMatch(/task 2: 0 handler start\(s\), 1 started run/);
+  });
+});
+
+describe("the CPU window of a step", () => {
+  it("opens CPU_AHEAD_MS before T0 (not before creation ended) and counts the warm-up runs due in it", () => {
+    const T0 = 1_000_000;
+    const warmDue = (i: number) => T0 - 24_000 + i * 1000; // 24 warm-up runs, one a second, the last 1 s before T0
+    expect(cpuWindow(T0 - 60_000, T0, 24, warmDue)).toEqual({ fromMs: T0 - CPU_AHEAD_MS, warmRuns: 11 });
+    // Creation ended later than that: from then on.
+    expect(cpuWindow(T0 - 5_000, T0, 24, warmDue)).toEqual({ fromMs: T0 - 5_000, warmRuns: 5 });
+    expect(cpuWindow(T0 - 60_000, T0, 0, warmDue)).toEqual({ fromMs: T0 - CPU_AHEAD_MS, warmRuns: 0 });
   });
 });
