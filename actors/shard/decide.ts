@@ -122,9 +122,12 @@ export class ShardDecisions {
    * sent to the old owner are not known, so the deadline is fire time + timeout, at least now.
    */
   adoptRunning(r: RunRow, now: number): void {
-    this.p.limiter.force(r.executor);
     const timeoutMs = this.live.get(r.taskId)?.row.timeoutMs ?? 30_000;
     const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null, token: runToken(this.p.dispatchSecret, r.id) };
+    // A run of a spread burst, recorded seconds ahead by the previous owner: on a place ahead here
+    // too where there is one, so runs due before the burst do not wait behind it for places.
+    if ((r.firedMs ?? now) - now > (this.p.spreadAheadMs ?? Infinity) && this.p.limiter.tryAcquireAhead(r.executor)) run.ahead = true;
+    else this.p.limiter.force(r.executor);
     this.inFlight.set(r.id, run);
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
     run.ref = this.p.horizon.addTimeout(deadline, r.id);

@@ -269,6 +269,17 @@ describe("shard decisions: runs spread ahead of a burst", () => {
     expect(s.limiter.inFlight("e") + s.limiter.ahead("e")).toBe(o.maxAhead === 1 ? 1 : o.limit === 1 ? 1 : 0);
   });
 
+  it("a run of a spread burst found recorded at load takes a place ahead; one due sooner is counted under the limit", () => {
+    const s = setup({ holds: true, maxAhead: 5, limit: 1 });
+    s.add(task(1, T0 + 3000)); s.add(task(2, T0 + 100));
+    const found = (id: string, taskId: number, firedMs: number) => ({ id, taskId, executor: "e", firedMs }) as unknown as Parameters<Setup["d"]["adoptRunning"]>[0];
+    s.d.adoptRunning(found("r1", 1, T0 + 3000), T0);
+    s.d.adoptRunning(found("r2", 2, T0 + 100), T0);
+    expect([s.limiter.ahead("e"), s.limiter.inFlight("e")]).toEqual([1, 1]);
+    s.d.dropInFlight();
+    expect([s.limiter.ahead("e"), s.limiter.inFlight("e")]).toEqual([0, 0]);
+  });
+
   it("within the lead a run takes a place under the limit as before, whatever its executor", () => {
     const s = setup({ holds: true, maxAhead: 5 });
     const row = s.add(task(1, T0 + 150));
