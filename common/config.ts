@@ -112,7 +112,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_LEAD: "how long before its due time a run is decided and recorded; it is published at the due time",
   AX_RELEASER: "inline (default): the node's main thread releases every run recorded ahead; thread: a run whose release the main thread has not made 4 ms after its due time (a garbage-collection pause) is published by a thread of its own, for 10-40 µs more CPU a run",
   AX_WHEEL_SIZE: "wheel slots (horizon = tick × size; later timers wait in rounds)",
-  AX_MAX_IN_FLIGHT: "max runs in flight per executor before new runs are refused to retry",
+  AX_MAX_IN_FLIGHT: "runs in flight per executor per node; runs due beyond it wait for a place, earliest due first (manual runs are refused)",
   AX_SPREAD_RATE: "runs a second a node decides for one instant before it spreads the rest of a burst over the seconds before it (up to the wheel's horizon, 10 s), so a burst known ahead is recorded ahead; 0: no spreading",
   AX_MAX_AHEAD: "runs per executor, beyond AX_MAX_IN_FLIGHT, that a spread burst may send ahead of their due time to an executor that holds them (each costs the executor about 0.5 KB of heap until it starts); 0: none",
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
