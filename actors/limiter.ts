@@ -25,17 +25,13 @@ export class InFlightLimiter {
   private queues = new Map<string, WaiterHeap>();
   /** Places outside the limit: runs sent ahead to executors that hold them (see tryAcquireAhead). */
   private aheadCounts = new Map<string, number>();
-  private holding = new Set<string>();
   /**
-   * `maxAhead`: runs per executor that may be placed ahead of the lead outside the limit (0:
-   * none; every run takes a place under the limit).
+   * `placesAhead.max`: runs per executor that may be placed ahead of the lead outside the limit (0:
+   * none; every run takes a place under the limit); `placesAhead.holds`: does the executor hold runs
+   * received ahead of their due time until it (the node's registrations, as the Persister asks)?
    */
-  constructor(private readonly defaultMax: number, private readonly maxAhead = 0) {}
-
-  /** The executor's instances hold runs received ahead of their due time until it (see Persister). */
-  setHolds(executor: string, holds: boolean): void {
-    if (holds) this.holding.add(executor); else this.holding.delete(executor);
-  }
+  constructor(private readonly defaultMax: number,
+    private readonly placesAhead: { max: number; holds: (executor: string) => boolean } = { max: 0, holds: () => false }) {}
 
   setLimit(executor: string, max: number): void {
     this.limits.set(executor, max);
@@ -58,7 +54,7 @@ export class InFlightLimiter {
    * instant over the seconds before it), at an executor that holds runs until their due time.
    * It is outside the limit, which bounds what an executor works on or is offered now: a held run
    * costs its executor memory until its due time, not a handler, so these places are bounded by
-   * `maxAhead` instead. Only while nobody waits for a place: a run due now never waits behind one
+   * `placesAhead.max` instead. Only while nobody waits for a place: a run due now never waits behind one
    * due later. False: take a place under the limit as any run does.
    */
   tryAcquireAhead(executor: string): boolean {
@@ -69,7 +65,7 @@ export class InFlightLimiter {
 
   /** Would tryAcquireAhead give a place now? */
   mayGoAhead(executor: string): boolean {
-    return this.holding.has(executor) && this.waiting(executor) === 0 && (this.aheadCounts.get(executor) ?? 0) < this.maxAhead;
+    return this.placesAhead.holds(executor) && this.waiting(executor) === 0 && (this.aheadCounts.get(executor) ?? 0) < this.placesAhead.max;
   }
 
   /** Runs placed ahead per executor (see tryAcquireAhead), finished or withdrawn ones not counted. */

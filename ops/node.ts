@@ -171,7 +171,7 @@ export class AxNode {
       },
     });
     this.delivery = new DispatchDelivery({ jsm, names: this.names, clock: this.clock });
-    this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor, c.maxAhead);
+    this.limiter = new InFlightLimiter(c.maxInFlightPerExecutor, { max: c.maxAhead, holds: (executor) => this.holdingExecutors.has(executor) });
     this.noteExecutors(await this.store.listExecutors());
 
     this.http = this.opts.httpPort !== null && this.opts.httpPort !== undefined ? await startHttp(this, this.opts.httpPort, { host: c.httpHost, tokensFile: c.httpTokensFile, maxBodyBytes: c.limits.httpBodyBytes }) : null;
@@ -370,7 +370,6 @@ export class AxNode {
   private noteExecutor(name: string, maxInFlight: number | null, holds: boolean): void {
     if (maxInFlight !== null) this.limiter.setLimit(name, maxInFlight);
     if (holds) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
-    this.limiter.setHolds(name, holds);
   }
 
   /**

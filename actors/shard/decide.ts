@@ -126,7 +126,7 @@ export class ShardDecisions {
     const run: InFlightRun = { runId: r.id, taskId: r.taskId, executor: r.executor, timeoutMs, ref: null, token: runToken(this.p.dispatchSecret, r.id) };
     // A run of a spread burst, recorded seconds ahead by the previous owner: on a place ahead here
     // too where there is one, so runs due before the burst do not wait behind it for places.
-    if ((r.firedMs ?? now) - now > (this.p.spreadAheadMs ?? Infinity) && this.p.limiter.tryAcquireAhead(r.executor)) run.ahead = true;
+    if (this.spreadAhead(r.firedMs ?? now, now) && this.p.limiter.tryAcquireAhead(r.executor)) run.ahead = true;
     else this.p.limiter.force(r.executor);
     this.inFlight.set(r.id, run);
     const deadline = Math.max(now, (r.firedMs ?? now) + run.timeoutMs);
@@ -172,7 +172,7 @@ export class ShardDecisions {
               this.p.horizon.holdUntilDue(id, due, w.inRedis);
               continue;
             }
-            if (canFire && due - now > (this.p.spreadAheadMs ?? Infinity) && !this.mayGoAhead(id)) {
+            if (canFire && this.spreadAhead(due, now) && !this.mayGoAhead(id)) {
               // Spread ahead of a burst, but its executor does not hold runs (or is full, or has
               // as many ahead as it may): decided in the lead, so it takes no place under the
               // limit early that a run due before it needs.
@@ -277,6 +277,9 @@ export class ShardDecisions {
     round.touched.add(row.id);
   }
 
+  /** Is a run due at `dueMs` decided now further ahead than the lead (spread by the horizon)? */
+  private spreadAhead(dueMs: number, now: number): boolean { return dueMs - now > (this.p.spreadAheadMs ?? Infinity); }
+
   /** May the task's run go out ahead of the lead (see InFlightLimiter.mayGoAhead)? A task not loaded: onDue sees to it. */
   private mayGoAhead(taskId: number): boolean {
     const lt = this.live.get(taskId);
@@ -375,7 +378,7 @@ export class ShardDecisions {
         this.reserved.delete(row.id);
         if (reservedFor === row.executor) placed = waited = true; else this.p.limiter.release(reservedFor);
       }
-      if (!placed && p.dueMs - now > (this.p.spreadAheadMs ?? Infinity)) placed = ahead = this.p.limiter.tryAcquireAhead(row.executor);
+      if (!placed && this.spreadAhead(p.dueMs, now)) placed = ahead = this.p.limiter.tryAcquireAhead(row.executor);
       if (!placed && !this.p.limiter.tryAcquire(row.executor)) { this.waitForCapacity(round, lt, p.dueMs); return; }
       placed = true;
     }

@@ -207,15 +207,15 @@ export class Horizon {
    * Put back on the wheel where it goes without spreading (decideAt): a run spread ahead whose
    * executor cannot take it ahead now is decided in the lead, as any run is.
    */
-  deferToLead(id: number, dueMs: number, inRedis: boolean): void {
-    this.unindexed.delete(id);
-    this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.decideAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
-  }
+  deferToLead(id: number, dueMs: number, inRedis: boolean): void { this.putBack(id, dueMs, inRedis, this.decideAt(dueMs)); }
 
   /** Put back on the wheel at its due time itself (decided then, not `leadMs` ahead). */
-  holdUntilDue(id: number, dueMs: number, inRedis: boolean): void {
+  holdUntilDue(id: number, dueMs: number, inRedis: boolean): void { this.putBack(id, dueMs, inRedis, dueMs); }
+
+  /** A due time that came up goes back on the wheel, to come up again at `atMs`. */
+  private putBack(id: number, dueMs: number, inRedis: boolean, atMs: number): void {
     this.unindexed.delete(id);
-    this.inWheel.set(id, { dueMs, ref: this.wheel.add(dueMs, { k: 0, id, due: dueMs }), inRedis });
+    this.inWheel.set(id, { dueMs, ref: this.wheel.add(atMs, { k: 0, id, due: dueMs }), inRedis });
   }
 
   /**

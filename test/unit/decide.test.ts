@@ -45,8 +45,7 @@ function tenSeconds(row: TaskRow): TaskRow {
 
 function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; deliveryGraceMs?: number; maxAhead?: number; holds?: boolean } = {}) {
   const clock = new SimulatedClock(T0);
-  const limiter = new InFlightLimiter(opts.limit ?? 10, opts.maxAhead ?? 0);
-  if (opts.holds) limiter.setHolds("e", true);
+  const limiter = new InFlightLimiter(opts.limit ?? 10, { max: opts.maxAhead ?? 0, holds: (e) => !!opts.holds && e === "e" });
   const horizon = new Horizon({
     shard: 3, tickMs: 20, wheelSize: 512, clock, log: silentLogger, horizonMs: 5000, leadMs: 100,
     due: { rebuild: async () => undefined, takeDue: async () => [] }, store: { dueOfShard: async () => [] },

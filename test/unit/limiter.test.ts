@@ -95,9 +95,10 @@ describe("in-flight limiter", () => {
   });
 
   it("places ahead: only at an executor that holds, only while nobody waits, at most maxAhead, outside the limit", () => {
-    const l = new InFlightLimiter(1, 2);
+    const holding = new Set<string>();
+    const l = new InFlightLimiter(1, { max: 2, holds: (e) => holding.has(e) });
     expect(l.tryAcquireAhead("x")).toBe(false); // not known to hold runs
-    l.setHolds("x", true);
+    holding.add("x");
     expect(l.tryAcquire("x")).toBe(true); // the one place under the limit is taken
     expect(l.tryAcquireAhead("x")).toBe(true);
     expect(l.tryAcquireAhead("x")).toBe(true);
@@ -114,7 +115,7 @@ describe("in-flight limiter", () => {
     l.release("x");
     expect(woke).toBe(1);
     expect(l.mayGoAhead("x")).toBe(true);
-    l.setHolds("x", false);
+    holding.delete("x");
     expect(l.mayGoAhead("x")).toBe(false);
     expect(new InFlightLimiter(1).mayGoAhead("y")).toBe(false); // maxAhead 0 by default
   });
@@ -123,9 +124,9 @@ describe("in-flight limiter", () => {
     for (let seed = 1; seed <= 60; seed++) {
       const rand = rng(seed);
       const maxAhead = Math.floor(rand() * 5);
-      const l = new InFlightLimiter(1 + Math.floor(rand() * 3), maxAhead);
+      const limit = 1 + Math.floor(rand() * 3);
       const holds = rand() < 0.7;
-      l.setHolds("x", holds);
+      const l = new InFlightLimiter(limit, { max: maxAhead, holds: (e) => holds && e === "x" });
       const placed: boolean[] = []; // true: ahead, false: under the limit
       let waiters = 0;
       for (let step = 0; step < 200; step++) {
