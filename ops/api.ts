@@ -122,7 +122,7 @@ export const CreateTaskInput = z.object({
 
 /** Most tasks one `task.bulkCreate` call takes (a NATS message is 1 MB by default: ~5-10k specs). */
 export const BULK_MAX = 50_000;
-/** Tasks due sooner than this after a bulk create are handed to their shard owner directly (the refill runs every ~2.5 s). */
+/** Tasks due sooner than this after a bulk create are handed to their shard owner directly (owners refill every 250 ms to 1 s: Horizon.scheduleRefill). */
 const BULK_HANDOFF_MS = 5_000;
 const BULK_HANDOFF_MAX = 2_000;
 
@@ -446,9 +446,16 @@ export class Api {
       if (c.nextDueMs < now + BULK_HANDOFF_MS) soon.push(c);
     }
     await Promise.all([...byShard].map(([shard, entries]) => this.d.due.add(shard, entries)));
-    // The owners take due times from Redis every few seconds; hand the imminent ones over now.
-    for (let i = 0; i < soon.length && i < BULK_HANDOFF_MAX; i += 64) {
-      await Promise.all(soon.slice(i, Math.min(i + 64, BULK_HANDOFF_MAX)).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));
+    // The owners take due times from Redis every 250 ms to 1 s; hand the imminent ones over now.
+    // A hand-over also makes its owner refill at once, which takes that shard's other imminent
+    // entries too: one task of every shard that has any goes first, so none waits for a refill
+    // beyond BULK_HANDOFF_MAX.
+    const seen = new Set<number>();
+    const firsts: BulkCreated[] = []; const rest: BulkCreated[] = [];
+    for (const c of soon) { if (seen.has(c.shard)) rest.push(c); else { seen.add(c.shard); firsts.push(c); } }
+    const handoff = [...firsts, ...rest].slice(0, BULK_HANDOFF_MAX);
+    for (let i = 0; i < handoff.length; i += 64) {
+      await Promise.all(handoff.slice(i, i + 64).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));
     }
     return { created: created.length, ...(a.returnIds === true ? { ids: created.map((c) => c.id) } : {}) };
   }

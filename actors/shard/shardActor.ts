@@ -346,6 +346,9 @@ export class ShardActor implements EventSink {
     }
     const recorded = derived.length ? new Set((await this.d.store.getRuns(derived)).map((r) => r.id)) : NONE_RECORDED;
     this.submitRound(this.decisions.decide(batch, { now, canFire, recorded }), batch);
+    // A hand-over (`load`) says the API wrote due times that may be imminent: take them from
+    // Redis now rather than at a refill backed off by an idle spell.
+    if (batch.some((m) => m.t === "cmd" && m.cmd.type === "load")) this.horizon.refillSoon();
   }
 
   // ---- effects -----------------------------------------------------------------------------

@@ -47,6 +47,9 @@ type Batch<T> = Array<{ dueMs: number; item: T }>;
  *   the MONOTONIC clock. An early callback re-arms without advancing; a late one catches up every
  *   elapsed slot in a single `tickNow()` and reports `lateMs` (how long after the first missed
  *   tick it ran). `stop()` cancels the armed timer; pending entries stay and resume on `start()`.
+ *   An empty wheel arms no timer: a node owns 64 of them by default, and an idle shard's wheel
+ *   ticking 50 times a second for nothing was most of what an idle node did. `add()` wakes it
+ *   (the pointer catches up to now first, as an empty tick would have moved it).
  * - Manual (`tickNow()`): processes every slot whose monotonic time has arrived (zero or more);
  *   it never runs the pointer ahead of the monotonic clock, so calling it early is harmless.
  * - Resync (O(n + size), rare): when the wall clock has moved ahead of the monotonic clock by
@@ -97,6 +100,8 @@ export class HashedWheel<T> {
 
   private running = false;
   private timer: TimerHandle | undefined;
+  /** Running with nothing pending and no timer armed (see wake). */
+  private asleep = false;
 
   constructor(opts: WheelOptions<T>) {
     if (typeof opts.tickMs !== "number" || !Number.isFinite(opts.tickMs) || opts.tickMs <= 0) {
@@ -131,11 +136,13 @@ export class HashedWheel<T> {
     if (typeof dueMs !== "number" || !Number.isFinite(dueMs)) {
       throw new InvalidInputError("dueMs", dueMs, "must be a finite wall-clock epoch ms");
     }
+    if (this.asleep) this.wake();
     const idx = this.alloc();
     this.due[idx] = dueMs;
     this.items[idx] = item;
     this.place(idx, this.clock.monotonic() + (dueMs - this.clock.now()));
     this.pending++;
+    this.arm();
     return (this.gen[idx]! * INDEX_SPAN + idx) as unknown as WheelRef;
   }
 
@@ -154,11 +161,12 @@ export class HashedWheel<T> {
   start(): void {
     if (this.running) return;
     this.running = true;
-    this.arm();
+    if (this.pending > 0) this.arm(); else this.asleep = true;
   }
 
   stop(): void {
     this.running = false;
+    this.asleep = false;
     if (this.timer !== undefined) {
       this.clock.clearTimeout(this.timer);
       this.timer = undefined;
@@ -200,9 +208,22 @@ export class HashedWheel<T> {
     try {
       if (this.clock.monotonic() >= (this.current + 1) * this.tickMs) this.tickNow();
     } finally {
-      this.arm();
+      if (this.pending > 0) this.arm(); else this.asleep = true;
     }
   };
+
+  /**
+   * An empty wheel's pointer waits where it stopped (no timer): moved to now, exactly as the
+   * empty ticks it skipped would have moved it (tickNow with nothing pending), before an entry is
+   * placed against it. Ticks run again from the next boundary.
+   */
+  private wake(): void {
+    this.asleep = false;
+    const mono = this.clock.monotonic();
+    const target = this.tickAt(mono);
+    if (target > this.current) this.current = target;
+    this.minOffset = this.clock.now() - mono;
+  }
 
   private arm(): void {
     if (!this.running || this.timer !== undefined) return;

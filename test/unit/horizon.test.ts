@@ -14,6 +14,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
   const pgDue: Array<{ id: number; dueMs: number }> = []; // what a rebuild reads from PostgreSQL
   const came: Array<{ dueMs: number; item: WheelItem; at: number }> = [];
   const refilled: Array<{ id: number; dueMs: number }> = [];
+  const takes: number[] = []; // when each takeDue came (the clock's time)
   let active = true;
   const built = { now: true, rebuilds: 0 };
   const h = new Horizon({
@@ -29,6 +30,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
         built.now = opts.builtAfterRebuild ?? true;
       },
       takeDue: async (_s: number, untilMs: number, limit: number) => {
+        takes.push(clock.now());
         if (!built.now) return null;
         const out = [...index].filter(([, d]) => d <= untilMs).sort((a, b) => a[1] - b[1]).slice(0, limit).map(([id, dueMs]) => ({ id, dueMs }));
         for (const x of out) index.delete(x.id);
@@ -41,7 +43,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
     active: () => active,
   });
   const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [] });
-  return { clock, index, pgDue, built, came, refilled, h, changes, stop: () => { active = false; h.halt(); } };
+  return { clock, index, pgDue, built, came, refilled, takes, h, changes, stop: () => { active = false; h.halt(); } };
 }
 
 describe("shard horizon", () => {
@@ -210,6 +212,51 @@ describe("shard horizon", () => {
     clock.advance(1000);
     await h.settled();
     expect(refilled.some((r) => r.id === 99_999)).toBe(false);
+  });
+
+  it("refill: backs off while it finds nothing (250, 500, 1000 ms, no further), is back at its period once it takes something, and refillSoon takes at once", async () => {
+    const { clock, h, index, refilled, takes, stop } = setup({ horizonMs: 2000 });
+    const pump = async () => { await h.settled(); await new Promise((r) => setImmediate(r)); await h.settled(); };
+    const run = async (ms: number) => { for (let t = 0; t < ms; t += 10) { clock.advance(10); await pump(); } };
+    const t0 = clock.now();
+    await h.refill();
+    await run(6000);
+    // (A wait counts from the end of the refill before it, which this test sees up to one 10 ms step late.)
+    const gaps = takes.slice(1).map((t, i) => t - takes[i]!);
+    expect(Math.max(...gaps)).toBeLessThanOrEqual(1010);
+    for (const g of gaps.slice(-3)) expect(g).toBeGreaterThanOrEqual(1000);
+    // Something due within the horizon that no hand-over announced: taken within the longest wait.
+    index.set(1, clock.now() + 1500);
+    const put = clock.now();
+    await run(1000);
+    expect(refilled.map((r) => r.id)).toEqual([1]);
+    expect(takes.at(-1)! - put).toBeLessThanOrEqual(1010);
+    // Having taken something, the next refill comes at the period again, then backs off anew.
+    await run(3000);
+    const k = takes.findIndex((t) => t >= put); // the refill that took it
+    const next = [1, 2, 3, 4].map((j) => takes[k + j]! - takes[k + j - 1]!);
+    for (const [i, want] of [250, 500, 1000, 1000].entries()) {
+      expect(next[i]).toBeGreaterThanOrEqual(want);
+      expect(next[i]).toBeLessThanOrEqual(want + 10);
+    }
+    // Idle again, then a hand-over: refillSoon takes at once, not at the backed-off time.
+    await run(3000);
+    index.set(2, clock.now() + 300);
+    const before = takes.length;
+    h.refillSoon();
+    await pump();
+    expect(takes.length).toBe(before + 1);
+    expect(takes.at(-1)).toBe(clock.now());
+    expect(refilled.map((r) => r.id)).toEqual([1, 2]);
+    // refillSoon during a refill in flight: one more refill right after it, not lost.
+    await run(3000); // backed off again
+    const inFlight = h.refill(); // its take has been made: what comes now is not in it
+    index.set(3, clock.now() + 300);
+    h.refillSoon();
+    await inFlight; await pump();
+    expect(refilled.map((r) => r.id)).toEqual([1, 2, 3]);
+    expect(clock.now() - t0).toBeGreaterThan(0);
+    stop();
   });
 
   it("refill: an index that is not built (lost, or on a new server) is rebuilt from PostgreSQL once, then taken", async () => {

@@ -393,6 +393,51 @@ describe("HashedWheel: lifecycle", () => {
     expect(sim.pendingTimers()).toBe(0);
   });
 
+  it("an empty running wheel arms no timer; an add wakes it and the entry fires on time", () => {
+    const { sim, wheel, fires } = setup<string>({ tickMs: 10, size: 16 });
+    wheel.start();
+    expect(sim.pendingTimers()).toBe(0);
+    sim.advance(12_345); // asleep for many revolutions
+    expect(sim.pendingTimers()).toBe(0);
+    const due = sim.now() + 35;
+    wheel.add(due, "a");
+    expect(sim.pendingTimers()).toBe(1);
+    sim.advance(100);
+    expect(fires.map((f) => f.item)).toEqual(["a"]);
+    expect(fires[0]!.firedWall).toBeGreaterThanOrEqual(due);
+    expect(fires[0]!.firedWall - due).toBeLessThanOrEqual(10);
+    expect(fires[0]!.lateMs).toBeLessThanOrEqual(10); // the skipped empty ticks are not lateness
+    expect(sim.pendingTimers()).toBe(0); // asleep again once empty
+    // Entries already due at add() still fire on the next tick.
+    wheel.add(sim.now() - 5, "b");
+    sim.advance(10);
+    expect(fires.map((f) => f.item)).toEqual(["a", "b"]);
+    wheel.stop();
+  });
+
+  it("wall steps while asleep: nothing fires early, nothing is late by the step", () => {
+    const { sim, wheel, fires } = setup<number>({ tickMs: 10, size: 16 });
+    wheel.start();
+    sim.advance(500);
+    sim.stepWall(-1000); // back while asleep
+    let due = sim.now() + 40;
+    wheel.add(due, 1);
+    sim.advance(60);
+    expect(fires.at(-1)!.item).toBe(1);
+    expect(fires.at(-1)!.firedWall - due).toBeGreaterThanOrEqual(0);
+    expect(fires.at(-1)!.firedWall - due).toBeLessThanOrEqual(10);
+    sim.advance(300);
+    sim.stepWall(60_000); // forward while asleep
+    due = sim.now() + 40;
+    wheel.add(due, 2);
+    sim.advance(60);
+    expect(fires.at(-1)!.item).toBe(2);
+    expect(fires.at(-1)!.firedWall - due).toBeGreaterThanOrEqual(0);
+    expect(fires.at(-1)!.firedWall - due).toBeLessThanOrEqual(10);
+    countsOf(fires);
+    wheel.stop();
+  });
+
   it("stop() from inside onExpire leaves no pending timers", () => {
     const sim = new SimulatedClock();
     const wheel = new HashedWheel<number>({ tickMs: 10, size: 8, clock: sim, onExpire: () => wheel.stop() });
