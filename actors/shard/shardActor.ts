@@ -428,8 +428,12 @@ export class ShardActor implements EventSink {
       const lt = this.decisions.live.get(id);
       // A task that came due but no longer exists is evicted too (what the horizon knew of it goes).
       if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id))) { this.decisions.live.delete(id); this.horizon.forget(id); }
-      if (!this.unwritten.has(id)) this.evictable.delete(id);
     }
+    // Each is looked at once: a task still waiting for a write comes back when that write is done
+    // (submitRound), and one with a run in flight when a round touches it again. Keeping the ones
+    // waiting for a write made every round walk all of them again (~2 % of a node's CPU at 6,000
+    // runs/s).
+    this.evictable.clear();
   }
 
   // ---- stopping -----------------------------------------------------------------------------

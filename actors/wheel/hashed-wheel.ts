@@ -48,7 +48,7 @@ type Batch<T> = Array<{ dueMs: number; item: T }>;
  *   elapsed slot in a single `tickNow()` and reports `lateMs` (how long after the first missed
  *   tick it ran). `stop()` cancels the armed timer; pending entries stay and resume on `start()`.
  *   An empty wheel arms no timer: a node owns 64 of them by default, and an idle shard's wheel
- *   ticking 50 times a second for nothing was most of what an idle node did. `add()` wakes it
+ *   ticking 50 times a second for nothing was about a tenth of an idle node's CPU (perf). `add()` wakes it
  *   (the pointer catches up to now first, as an empty tick would have moved it).
  * - Manual (`tickNow()`): processes every slot whose monotonic time has arrived (zero or more);
  *   it never runs the pointer ahead of the monotonic clock, so calling it early is harmless.

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { derivedRunId, newRunId } from "../../protocol/index.ts";
+import { derivedRunId, newRunId, runToken, tokenMatches } from "../../protocol/index.ts";
 
 describe("run ids", () => {
   it("are unique within one millisecond and sort by creation time", () => {
@@ -15,4 +15,28 @@ describe("run ids", () => {
     expect(derivedRunId("rd", "7:k1")).toBe(derivedRunId("rd", "7:k1"));
     expect(derivedRunId("rd", "7:k1")).not.toBe(derivedRunId("rd", "7:k2"));
   });
+
+  it("tokens: a presented token matches exactly when it equals the expected one (every position, lengths, non-strings; seeded)", () => {
+    const secret = new Uint8Array(32).fill(7);
+    let seed = 42;
+    const rnd = () => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return seed / 2 ** 32; };
+    for (let n = 0; n < 300; n++) {
+      const expected = runToken(secret, newRunId(Date.UTC(2026, 11, 3) + n));
+      expect(expected).toHaveLength(22);
+      expect(tokenMatches(expected, expected)).toBe(true);
+      expect(tokenMatches(expected.split("").join(""), expected)).toBe(true); // equal, not the same string object
+      const at = Math.floor(rnd() * expected.length);
+      const other = String.fromCharCode(expected.charCodeAt(at) ^ (1 + Math.floor(rnd() * 30)));
+      expect(tokenMatches(expected.slice(0, at) + other + expected.slice(at + 1), expected)).toBe(false);
+      expect(tokenMatches(expected.slice(0, -1), expected)).toBe(false);
+      expect(tokenMatches(expected + "A", expected)).toBe(false);
+    }
+    const t = runToken(secret, "r1");
+    expect(tokenMatches(undefined, t)).toBe(false);
+    expect(tokenMatches(123 as unknown as string, t)).toBe(false);
+    expect(tokenMatches("", "")).toBe(true);
+    expect(runToken(secret, "r1")).toBe(t);
+    expect(runToken(new Uint8Array(32).fill(8), "r1")).not.toBe(t);
+  });
 });
+
