@@ -125,6 +125,8 @@ export const BULK_MAX = 50_000;
 /** Tasks due sooner than this after a bulk create are handed to their shard owner directly (owners refill every 250 ms to 1 s: Horizon.scheduleRefill). */
 const BULK_HANDOFF_MS = 5_000;
 const BULK_HANDOFF_MAX = 2_000;
+/** The shards' horizon at the defaults (tick × wheel size, at most 10 s): a bulk create with due times within it nudges their owners (see bulkCreate). */
+const HORIZON_MS = 10_000;
 
 export interface ParsedTaskSpec { after: string[]; task: Omit<NewTask, "shardOf" | "upstreams"> }
 
@@ -438,21 +440,25 @@ export class Api {
     if (upIds.size) await this.depsChanged(new Set(tasks.flatMap((t) => t.upstreams)));
     const byShard = new Map<number, Array<{ id: number; dueMs: number }>>();
     const soon: BulkCreated[] = [];
+    const nudge = new Map<number, BulkCreated>(); // per shard, one task due within the horizon
     for (const c of created) {
       if (c.nextDueMs === null) continue;
       let l = byShard.get(c.shard);
       if (!l) { l = []; byShard.set(c.shard, l); }
       l.push({ id: c.id, dueMs: c.nextDueMs });
       if (c.nextDueMs < now + BULK_HANDOFF_MS) soon.push(c);
+      else if (c.nextDueMs < now + HORIZON_MS && !nudge.has(c.shard)) nudge.set(c.shard, c);
     }
     await Promise.all([...byShard].map(([shard, entries]) => this.d.due.add(shard, entries)));
     // The owners take due times from Redis every 250 ms to 1 s; hand the imminent ones over now.
-    // A hand-over also makes its owner refill at once, which takes that shard's other imminent
-    // entries too: one task of every shard that has any goes first, so none waits for a refill
-    // beyond BULK_HANDOFF_MAX.
+    // A hand-over also makes its owner refill at once, which takes that shard's other entries
+    // within its horizon too: one task of every shard that has any goes first (the imminent ones,
+    // then those due within the horizon, so a burst created less than 10 s ahead is on the wheels
+    // at once and spread over all the time left), so none waits for a refill beyond BULK_HANDOFF_MAX.
     const seen = new Set<number>();
     const firsts: BulkCreated[] = []; const rest: BulkCreated[] = [];
     for (const c of soon) { if (seen.has(c.shard)) rest.push(c); else { seen.add(c.shard); firsts.push(c); } }
+    for (const [shard, c] of nudge) if (!seen.has(shard)) firsts.push(c);
     const handoff = [...firsts, ...rest].slice(0, BULK_HANDOFF_MAX);
     for (let i = 0; i < handoff.length; i += 64) {
       await Promise.all(handoff.slice(i, i + 64).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));

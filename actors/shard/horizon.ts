@@ -99,6 +99,8 @@ export class Horizon {
   private emptyRefills = 0;
   /** refillSoon came while a refill was in flight: another follows it at once. */
   private refillAgain = false;
+  /** The earliest due time the last refill left in the index (null: none, or not known). */
+  private nextDueMs: number | null = null;
 
   constructor(private readonly o: HorizonOptions) {
     this.horizonMs = o.horizonMs ?? Math.min(10_000, o.tickMs * o.wheelSize);
@@ -136,7 +138,13 @@ export class Horizon {
       this.inWheel.set(id, { dueMs, ref: this.wheel.add(this.placeAt(dueMs), { k: 0, id, due: dueMs }), inRedis });
     } else {
       changes.redisAdd.push({ id, dueMs });
+      this.noteIndexed(dueMs);
     }
+  }
+
+  /** A due time this shard put into the index: the next refill comes by the time it is within the horizon. */
+  private noteIndexed(dueMs: number): void {
+    if (this.nextDueMs === null || dueMs < this.nextDueMs) this.nextDueMs = dueMs;
   }
 
   /** When a run due at `dueMs` is decided: `leadMs` ahead, rounded down to the decision grid. */
@@ -190,6 +198,7 @@ export class Horizon {
   backToIndex(changes: DueIndexChanges, id: number, dueMs: number): void {
     this.unindexed.delete(id);
     changes.redisAdd.push({ id, dueMs });
+    this.noteIndexed(dueMs);
   }
 
   /** The task's row left memory: what was known about its index entry goes too. */
@@ -269,8 +278,8 @@ export class Horizon {
       try {
         for (let rebuilt = false; ;) {
           if (!this.o.active()) break;
-          const items = await this.o.due.takeDue(this.o.shard, this.o.clock.now() + this.horizonMs, 5000);
-          if (items === null) {
+          const taken = await this.o.due.takeDue(this.o.shard, this.o.clock.now() + this.horizonMs, 5000);
+          if (taken === null) {
             // Once per refill: should it still be missing right after, the next refill tries again.
             if (rebuilt) break;
             this.o.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
@@ -278,7 +287,9 @@ export class Horizon {
             rebuilt = true;
             continue;
           }
+          const items = taken.items;
           took += items.length;
+          this.nextDueMs = taken.nextDueMs;
           if (items.length) this.o.onRefilled(items);
           if (items.length < 5000) break;
         }
@@ -286,6 +297,7 @@ export class Horizon {
         // Redis unreachable: entries not taken stay there; the next refill tries again.
         this.o.log.warn({ err: String(e) }, "refill from the due index failed");
         took = -1; // not backed off: Redis may come back with entries due
+        this.nextDueMs = null;
       } finally {
         this.emptyRefills = took === 0 ? this.emptyRefills + 1 : 0;
         this.refilling = null;
@@ -313,10 +325,12 @@ export class Horizon {
     // The first one after loading at a random point of the period, so the shards of a node do not
     // all refill in the same instant. A shard whose refills keep finding nothing due within the
     // horizon backs off (250, 500, 1000 ms): most of an idle 64-shard node's Redis calls were
-    // these. Nothing due is missed by it: what the shard itself puts into the index is due beyond
-    // the horizon (10 s) and is taken at least 9 s ahead; what the API writes that is due sooner
-    // comes with a hand-over (refillSoon).
-    const period = Math.min(IDLE_REFILL_MAX_MS, this.refillEveryMs * 2 ** Math.min(this.emptyRefills, 2));
+    // these. But never past the moment the earliest due time left in the index comes within the
+    // horizon (the take says which), so a burst known ahead is taken as early as before, and what
+    // the shard itself puts into the index (due beyond the horizon) likewise. What the API writes
+    // later and due sooner comes with a hand-over (refillSoon), or waits for at most 1 s.
+    let period = Math.min(IDLE_REFILL_MAX_MS, this.refillEveryMs * 2 ** Math.min(this.emptyRefills, 2));
+    if (this.nextDueMs !== null) period = Math.min(period, this.nextDueMs - this.horizonMs - this.o.clock.now());
     const delay = this.refills++ === 0 ? Math.floor((this.o.random ?? Math.random)() * this.refillEveryMs) : Math.max(this.refillEveryMs, period);
     this.refillTimer = this.o.clock.setTimeout(() => { this.refillTimer = null; void this.refill(); }, delay);
   }

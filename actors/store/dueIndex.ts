@@ -7,15 +7,21 @@ import { checkRedis, createRedis, keySlot, type RedisClient } from "./redis.ts";
  * bound (epoch ms, inclusive), ARGV[2] = max members. Without the marker (the index was lost or
  * never built) it takes nothing and returns nil. Otherwise returns [member, score, member,
  * score, ...] of the earliest members due by the bound and removes exactly those, atomically:
- * two callers never both take a member. One command per refill, where a marker check of its
- * own was a second (64 shards refill four times a second each).
+ * two callers never both take a member; then, if any member is left, the earliest score left
+ * (so the list has an odd length), which tells the shard when its next refill has something to
+ * take. One command per refill, where a marker check of its own was a second.
  */
 export const TAKE_DUE_KEYS = 2;
 export const TAKE_DUE = `
 if redis.call('EXISTS', KEYS[2]) == 0 then return false end
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 for i = 1, #items, 2 do redis.call('ZREM', KEYS[1], items[i]) end
+local left = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if left[2] then items[#items + 1] = left[2] end
 return items`;
+
+/** What a take-due took, and the earliest due time left in the index (null: none). */
+export interface TakenDue { items: Array<{ id: number; dueMs: number }>; nextDueMs: number | null }
 
 /**
  * Every key the index of one shard touches. Each carries the hash tag `{shard}` (the namespace
@@ -88,13 +94,14 @@ export class DueIndex {
    * this process last built or checked it (a failover; see isBuilt). In the second case the
    * entries taken are dropped with the rest: the rebuild restores them.
    */
-  async takeDue(shard: number, untilMs: number, limit: number): Promise<Array<{ id: number; dueMs: number }> | null> {
+  async takeDue(shard: number, untilMs: number, limit: number): Promise<TakenDue | null> {
     const flat = await (this.redis as unknown as { axTakeDue(k: string, m: string, a: number, b: number): Promise<string[] | null> })
       .axTakeDue(this.dueKey(shard), this.markerKey(shard), untilMs, limit);
     if (flat === null || !this.builtHere(shard, true)) return null;
-    const out: Array<{ id: number; dueMs: number }> = [];
-    for (let i = 0; i < flat.length; i += 2) out.push({ id: Number(flat[i]), dueMs: Number(flat[i + 1]) });
-    return out;
+    const items: Array<{ id: number; dueMs: number }> = [];
+    const pairs = flat.length - (flat.length % 2);
+    for (let i = 0; i < pairs; i += 2) items.push({ id: Number(flat[i]), dueMs: Number(flat[i + 1]) });
+    return { items, nextDueMs: flat.length % 2 ? Number(flat[flat.length - 1]) : null };
   }
   async size(shard: number): Promise<number> { return this.redis.zcard(this.dueKey(shard)); }
   /**

@@ -2,7 +2,7 @@ export { IDLE_IN_TRANSACTION_MS, Store, type StoreOptions } from "./store.ts";
 export { findCycle } from "./graph.ts";
 export type { BrowseReads, TaskFilter } from "./browseReads.ts";
 export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";
-export { DueIndex } from "./dueIndex.ts";
+export { DueIndex, type TakenDue } from "./dueIndex.ts";
 export { copySlots, editSlots, slotsFromText, withSlot, type TriggerSlots } from "./slots.ts";
 export type { Edge, Downstream, EdgeTransaction, LostOutcome } from "./edges.ts";
 export type { AuditRow, AuditTrail } from "./audit.ts";

@@ -160,14 +160,17 @@ describe("store", () => {
     await due.rebuild(2, [{ id: 1, dueMs: 100 }, { id: 2, dueMs: 200 }, { id: 3, dueMs: 300 }]);
     expect(await due.isBuilt(2)).toBe(true);
     const [a, b] = await Promise.all([due.takeDue(2, 250, 10), due.takeDue(2, 250, 10)]);
-    expect([...a!, ...b!].map((x) => x.id).sort()).toEqual([1, 2]);
+    expect([...a!.items, ...b!.items].map((x) => x.id).sort()).toEqual([1, 2]);
+    expect(a!.nextDueMs).toBe(300); // the earliest left, for both takes
+    expect(b!.nextDueMs).toBe(300);
     expect(await due.size(2)).toBe(1);
+    expect(await due.takeDue(2, 250, 10)).toEqual({ items: [], nextDueMs: 300 });
     await due.dropNamespace(); // Redis lost everything
     expect(await due.isBuilt(2)).toBe(false);
     // The take itself says so (no marker): nothing is taken until the index is rebuilt.
     expect(await due.takeDue(2, 1e15, 10)).toBeNull();
     await due.rebuild(2, [{ id: 4, dueMs: 100 }]);
-    expect(await due.takeDue(2, 1e15, 10)).toEqual([{ id: 4, dueMs: 100 }]);
+    expect(await due.takeDue(2, 1e15, 10)).toEqual({ items: [{ id: 4, dueMs: 100 }], nextDueMs: null });
     const fromPg = await store.dueOfShard(1);
     await due.rebuild(1, fromPg);
     expect(await due.size(1)).toBe(fromPg.length);

@@ -34,7 +34,8 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
         if (!built.now) return null;
         const out = [...index].filter(([, d]) => d <= untilMs).sort((a, b) => a[1] - b[1]).slice(0, limit).map(([id, dueMs]) => ({ id, dueMs }));
         for (const x of out) index.delete(x.id);
-        return out;
+        const left = [...index.values()];
+        return { items: out, nextDueMs: left.length ? Math.min(...left) : null };
       },
     },
     store: { dueOfShard: async () => [...pgDue] },
@@ -256,6 +257,33 @@ describe("shard horizon", () => {
     await inFlight; await pump();
     expect(refilled.map((r) => r.id)).toEqual([1, 2, 3]);
     expect(clock.now() - t0).toBeGreaterThan(0);
+    stop();
+  });
+
+  it("refill: a backed-off shard still takes an entry the moment it comes within the horizon (the take says what is left)", async () => {
+    const { clock, h, index, refilled, takes, stop } = setup({ horizonMs: 2000 });
+    const pump = async () => { await h.settled(); await new Promise((r) => setImmediate(r)); await h.settled(); };
+    const run = async (ms: number) => { for (let t = 0; t < ms; t += 10) { clock.advance(10); await pump(); } };
+    await h.refill();
+    await run(4000); // backed off to 1 s
+    // Written by someone else (no hand-over), due 2.6 s ahead: within the horizon 600 ms from now.
+    const due = clock.now() + 2600;
+    index.set(1, due);
+    await run(1100); // the next refill (≤ 1 s) sees it left in the index; the one after comes when it enters
+    expect(refilled.map((r) => r.id)).toEqual([1]);
+    const took = takes.find((t) => t >= due - 2000)!;
+    expect(took - (due - 2000)).toBeGreaterThanOrEqual(0);
+    expect(took - (due - 2000)).toBeLessThanOrEqual(260); // not the 1 s back-off; at worst the base period after the take that saw it
+    // Known far ahead: the back-off holds (1 s), the take at entry is on time.
+    await run(3000);
+    const far = clock.now() + 6000;
+    index.set(2, far);
+    await run(6000);
+    expect(refilled.map((r) => r.id)).toEqual([1, 2]);
+    const tookFar = takes.find((t) => t >= far - 2000)!;
+    expect(tookFar - (far - 2000)).toBeLessThanOrEqual(10);
+    const gaps = takes.filter((t) => t > far - 6000 && t < far - 2000).map((t, i, a) => (i ? t - a[i - 1]! : 1000));
+    for (const g of gaps) expect(g).toBeGreaterThanOrEqual(990); // the index's next entry is far: no extra takes
     stop();
   });
 
