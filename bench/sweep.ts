@@ -1,7 +1,8 @@
 /**
  * The max-rate sweep's next step, shared by ax and the BullMQ peer so both are searched alike:
  * grow by 1.5x until a step fails, halve until one passes, then bisect until the bracket is
- * within 10 %. null = done.
+ * within 10 %. null = done. A step that fails on lateness alone is run once more first (see
+ * runAgain).
  */
 export function nextSweepRate(rate: number, lo: number, hi: number): number | null {
   if (hi === Infinity) return Math.round(rate * 1.5);
@@ -17,4 +18,17 @@ export function nextSweepRate(rate: number, lo: number, hi: number): number | nu
 export function sweepWarmUp(start: number, windowS: number): { rate: number; tasks: number } {
   const rate = Math.max(1, Math.round(start / 2));
   return { rate, tasks: Math.round(rate * Math.min(5, windowS / 2)) };
+}
+
+/**
+ * Whether a failed step is run once more before it counts: when it failed on lateness alone (no
+ * run lost, doubled or early) and this rate was not retried yet. On a shared 2-core box one slow
+ * second fails a 10 s step, and a failure sets the bracket's top for the rest of the search: in
+ * one table both systems failed their first step (ax p99 110 ms, BullMQ 183 ms at 6,000/s) and
+ * were then searched below rates they had kept in other rows of the same run.
+ */
+export function runAgain(rate: number, correct: boolean, retried: Set<number>): boolean {
+  if (!correct || retried.has(rate)) return false;
+  retried.add(rate);
+  return true;
 }

@@ -431,8 +431,8 @@ export class ShardActor implements EventSink {
     }
     // Each is looked at once: a task still waiting for a write comes back when that write is done
     // (submitRound), and one with a run in flight when a round touches it again. Keeping the ones
-    // waiting for a write made every round walk all of them again (~2 % of a node's CPU at 6,000
-    // runs/s).
+    // waiting for a write made every round walk all of them again: evictIdle was ~2 % of a node's
+    // CPU at 6,000 runs/s in a profile, and about a quarter less a run without that walk.
     this.evictable.clear();
   }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { nextSweepRate, sweepWarmUp } from "../../bench/sweep.ts";
+import { nextSweepRate, runAgain, sweepWarmUp } from "../../bench/sweep.ts";
 
 describe("max-rate sweep (shared by ax and the BullMQ peer)", () => {
   it("grows by 1.5x while passing, halves until a pass, then bisects to within 10 %", () => {
@@ -13,5 +13,13 @@ describe("max-rate sweep (shared by ax and the BullMQ peer)", () => {
     expect(sweepWarmUp(6000, 10)).toEqual({ rate: 3000, tasks: 15_000 });
     expect(sweepWarmUp(4000, 3)).toEqual({ rate: 2000, tasks: 3000 });
     expect(sweepWarmUp(1, 10)).toEqual({ rate: 1, tasks: 5 });
+  });
+
+  it("a step that fails on lateness alone runs once more; a correctness failure or a second failure counts", () => {
+    const retried = new Set<number>();
+    expect(runAgain(6000, true, retried)).toBe(true);
+    expect(runAgain(6000, true, retried)).toBe(false); // its second failure counts
+    expect(runAgain(9000, false, retried)).toBe(false); // lost, doubled or early: never retried
+    expect(runAgain(9000, true, retried)).toBe(true);
   });
 });
