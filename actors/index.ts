@@ -1,4 +1,5 @@
 export { ShardActor, DECIDE_STEP_MS, type ShardActorDeps, type ShardCommand, type CommandReply, type ShardEvents } from "./shard/shardActor.ts";
+export { MAX_HORIZON_MS } from "./shard/horizon.ts";
 export { nextPointer, backoffMs, compiledOf, TriggerStuckError, isTriggerStuck, type Pointer } from "./shard/schedule.ts";
 export type { DefinitionChange } from "./shard/update.ts";
 export { DependencyActor } from "./dependency/dependencyActor.ts";

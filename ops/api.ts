@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { AxError, InvalidInputError, parseDuration, formatDuration, type Clock, type Names } from "../common/index.ts";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { decode, encode, ensureExecutorConsumer, listDeadLetters } from "../protocol/index.ts";
-import { initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
+import { MAX_HORIZON_MS, initialRecord, nextPointer, type CommandReply, type ShardCommand, type Store, type TaskRow, type DueIndex, type RunRow } from "../actors/index.ts";
 import type { BulkCreated, BulkNewTask, NewTask } from "../actors/store/index.ts";
 import type { TriggerInput } from "../actors/triggers/index.ts";
 import type { TaskRecord } from "../actors/machine/index.ts";
@@ -122,11 +122,6 @@ export const CreateTaskInput = z.object({
 
 /** Most tasks one `task.bulkCreate` call takes (a NATS message is 1 MB by default: ~5-10k specs). */
 export const BULK_MAX = 50_000;
-/** Tasks due sooner than this after a bulk create are handed to their shard owner directly (owners refill every 250 ms to 1 s: Horizon.scheduleRefill). */
-const BULK_HANDOFF_MS = 5_000;
-const BULK_HANDOFF_MAX = 2_000;
-/** The shards' horizon at the defaults (tick × wheel size, at most 10 s): a bulk create with due times within it nudges their owners (see bulkCreate). */
-const HORIZON_MS = 10_000;
 
 export interface ParsedTaskSpec { after: string[]; task: Omit<NewTask, "shardOf" | "upstreams"> }
 
@@ -402,8 +397,8 @@ export class Api {
    * BULK_MAX tasks in one transaction (COPY), every spec validated exactly as `task.create`
    * validates one (a refusal names `tasks[i].<field>` and creates nothing). Each spec is
    * `{ ...defaults, ...spec }`. `after` may name existing tasks only. Due times go to the
-   * Redis index in batches of 1000 per shard; tasks due within the owners' refill period
-   * are also handed to their shard owners at once.
+   * Redis index in batches of 1000 per shard; the owner of every shard with due times within its
+   * horizon is handed one of them, which makes it take them all from Redis at once.
    */
   async bulkCreate(a: Record<string, unknown>): Promise<{ created: number; ids?: number[] }> {
     const list = a.tasks;
@@ -439,29 +434,23 @@ export class Api {
     const created = await this.d.store.createTasksBulk(tasks, (id) => shardOfTask(id, this.d.shardCount));
     if (upIds.size) await this.depsChanged(new Set(tasks.flatMap((t) => t.upstreams)));
     const byShard = new Map<number, Array<{ id: number; dueMs: number }>>();
-    const soon: BulkCreated[] = [];
-    const nudge = new Map<number, BulkCreated>(); // per shard, one task due within the horizon
+    const handoff = new Map<number, BulkCreated>(); // per shard, its earliest task due within the horizon
     for (const c of created) {
       if (c.nextDueMs === null) continue;
       let l = byShard.get(c.shard);
       if (!l) { l = []; byShard.set(c.shard, l); }
       l.push({ id: c.id, dueMs: c.nextDueMs });
-      if (c.nextDueMs < now + BULK_HANDOFF_MS) soon.push(c);
-      else if (c.nextDueMs < now + HORIZON_MS && !nudge.has(c.shard)) nudge.set(c.shard, c);
+      const h = handoff.get(c.shard);
+      if (c.nextDueMs < now + MAX_HORIZON_MS && (!h || c.nextDueMs < h.nextDueMs!)) handoff.set(c.shard, c);
     }
     await Promise.all([...byShard].map(([shard, entries]) => this.d.due.add(shard, entries)));
-    // The owners take due times from Redis every 250 ms to 1 s; hand the imminent ones over now.
-    // A hand-over also makes its owner refill at once, which takes that shard's other entries
-    // within its horizon too: one task of every shard that has any goes first (the imminent ones,
-    // then those due within the horizon, so a burst created less than 10 s ahead is on the wheels
-    // at once and spread over all the time left), so none waits for a refill beyond BULK_HANDOFF_MAX.
-    const seen = new Set<number>();
-    const firsts: BulkCreated[] = []; const rest: BulkCreated[] = [];
-    for (const c of soon) { if (seen.has(c.shard)) rest.push(c); else { seen.add(c.shard); firsts.push(c); } }
-    for (const [shard, c] of nudge) if (!seen.has(shard)) firsts.push(c);
-    const handoff = [...firsts, ...rest].slice(0, BULK_HANDOFF_MAX);
-    for (let i = 0; i < handoff.length; i += 64) {
-      await Promise.all(handoff.slice(i, i + 64).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));
+    // The owners take due times from Redis every 250 ms to 1 s (Horizon.scheduleRefill). A
+    // hand-over (`load`) makes its owner refill at once, and that refill takes every entry of the
+    // shard within its horizon: one task a shard is handed over, so imminent tasks are on the
+    // wheels at once and a burst created less than 10 s ahead is spread over all the time left.
+    const loads = [...handoff.values()];
+    for (let i = 0; i < loads.length; i += 64) {
+      await Promise.all(loads.slice(i, i + 64).map((c) => this.shardCommand(c.shard, { type: "load", taskId: c.id }).catch(() => undefined)));
     }
     return { created: created.length, ...(a.returnIds === true ? { ids: created.map((c) => c.id) } : {}) };
   }

@@ -53,6 +53,9 @@ export interface HorizonOptions {
   active: () => boolean;
 }
 
+/** The furthest ahead a shard holds due times on its wheel (less with a smaller tick × wheel size). */
+export const MAX_HORIZON_MS = 10_000;
+
 /** The longest a shard waits between refills that find nothing due (see scheduleRefill). */
 export const IDLE_REFILL_MAX_MS = 1000;
 
@@ -103,7 +106,7 @@ export class Horizon {
   private nextDueMs: number | null = null;
 
   constructor(private readonly o: HorizonOptions) {
-    this.horizonMs = o.horizonMs ?? Math.min(10_000, o.tickMs * o.wheelSize);
+    this.horizonMs = o.horizonMs ?? Math.min(MAX_HORIZON_MS, o.tickMs * o.wheelSize);
     this.leadMs = Math.max(0, Math.min(o.leadMs ?? 100, this.horizonMs / 2));
     this.decideStepMs = Math.max(0, Math.min(o.decideStepMs ?? 0, this.leadMs));
     this.refillEveryMs = o.refillEveryMs ?? Math.max(50, Math.min(250, Math.floor(this.horizonMs / 4)));

@@ -136,13 +136,14 @@ export class HashedWheel<T> {
     if (typeof dueMs !== "number" || !Number.isFinite(dueMs)) {
       throw new InvalidInputError("dueMs", dueMs, "must be a finite wall-clock epoch ms");
     }
-    if (this.asleep) this.wake();
+    const woke = this.asleep;
+    if (woke) this.wake();
     const idx = this.alloc();
     this.due[idx] = dueMs;
     this.items[idx] = item;
     this.place(idx, this.clock.monotonic() + (dueMs - this.clock.now()));
     this.pending++;
-    this.arm();
+    if (woke) this.arm();
     return (this.gen[idx]! * INDEX_SPAN + idx) as unknown as WheelRef;
   }
 
