@@ -1,4 +1,4 @@
-import { createHmac, randomBytes } from "node:crypto";
+import { createHmac, createSecretKey, randomBytes, type KeyObject } from "node:crypto";
 
 let counter = 0;
 const nodeSalt = randomBytes(3).toString("hex");
@@ -33,7 +33,20 @@ export function derivedRunId(prefix: string, key: string): string {
  * report on a run. Derived rather than stored: any node can check it for any run.
  */
 export function runToken(secret: Uint8Array, runId: string): string {
-  return createHmac("sha256", secret).update(runId).digest("base64url").slice(0, 22);
+  return createHmac("sha256", secretKeyOf(secret)).update(runId).digest("base64url").slice(0, 22);
+}
+
+/**
+ * The secret as a KeyObject, made once per secret: given the bytes, createHmac copied them into a
+ * new key on every call (one a run); with the key made once a token took ~1.65 µs here instead of
+ * ~1.95. The token is the same (test/unit/ids.test.ts compares them). A node reads its secret once
+ * and never changes those bytes in place (the key would not follow them).
+ */
+const secretKeys = new WeakMap<Uint8Array, KeyObject>();
+function secretKeyOf(secret: Uint8Array): KeyObject {
+  let key = secretKeys.get(secret);
+  if (!key) { key = createSecretKey(secret); secretKeys.set(secret, key); }
+  return key;
 }
 
 /**

@@ -1,3 +1,4 @@
+import { createHmac } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { derivedRunId, newRunId, runToken, tokenMatches } from "../../protocol/index.ts";
 
@@ -14,6 +15,21 @@ describe("run ids", () => {
   it("derived ids are stable for one cause and differ between causes", () => {
     expect(derivedRunId("rd", "7:k1")).toBe(derivedRunId("rd", "7:k1"));
     expect(derivedRunId("rd", "7:k1")).not.toBe(derivedRunId("rd", "7:k2"));
+  });
+
+  it("tokens are HMAC-SHA256 of the run id (RFC 4231 case 2, and the library's HMAC over raw bytes for seeded secrets and ids)", () => {
+    // RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?".
+    const rfc = Buffer.from("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843", "hex").toString("base64url").slice(0, 22);
+    expect(runToken(new TextEncoder().encode("Jefe"), "what do ya want for nothing?")).toBe(rfc);
+    let seed = 7;
+    const rnd = () => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return seed / 2 ** 32; };
+    for (let n = 0; n < 200; n++) {
+      const secret = Uint8Array.from({ length: 1 + Math.floor(rnd() * 80) }, () => Math.floor(rnd() * 256));
+      for (let k = 0; k < 3; k++) { // the same secret again: its key is made once and reused
+        const id = newRunId(Date.UTC(2026, 11, 7) + n * 3 + k);
+        expect(runToken(secret, id)).toBe(createHmac("sha256", Buffer.from(secret)).update(id).digest("base64url").slice(0, 22));
+      }
+    }
   });
 
   it("tokens: a presented token matches exactly when it equals the expected one (every position, lengths, non-strings; seeded)", () => {
