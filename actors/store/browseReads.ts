@@ -23,7 +23,8 @@ export class BrowseReads {
 
   /** Ids of the tasks matching `f`, by name, one page; and how many match in all. */
   async searchTasks(f: TaskFilter, limit: number, offset: number): Promise<{ total: number; ids: number[] }> {
-    const where = "($1::text is null or t.name ilike $1) and ($2::text is null or t.state = $2) and ($3::text is null or t.executor = $3) and ($4::text is null or t.tags @> array[$4::text])";
+    // `tags <> '{}'`: implied by the tag, said so the partial index tasks_tags applies.
+    const where = "($1::text is null or t.name ilike $1) and ($2::text is null or t.state = $2) and ($3::text is null or t.executor = $3) and ($4::text is null or (t.tags @> array[$4::text] and t.tags <> '{}'))";
     const params = [f.nameLike, f.state, f.executor, f.tag];
     const [count, page] = await Promise.all([
       this.pool.query(`select count(*)::int as n from tasks t where ${where}`, params),

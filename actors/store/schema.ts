@@ -352,6 +352,16 @@ create table alert_hooks (
     // registers so) gets its runs as soon as they are recorded, not at their due time (Persister).
     sql: `alter table executors add column holds boolean not null default false;`,
   },
+  {
+    version: 19,
+    name: "the tags index holds tagged tasks only",
+    // A GIN index over every task's tags gave each untagged task an entry for its empty array:
+    // about 1 µs of PostgreSQL's time per task created (300k inserts: 1.49 against 1.16 s
+    // without the index) and index pages for nothing. Tag searches say `tags <> '{}'` (a task
+    // with the tag has tags), so they can use this partial index.
+    sql: `drop index if exists tasks_tags;
+create index tasks_tags on tasks using gin (tags) where tags <> '{}';`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

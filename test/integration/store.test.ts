@@ -220,4 +220,25 @@ describe("store", () => {
     // The rebuild source for the due index reads the shard's tasks without the old partial index.
     expect((await store.dueOfShard(3)).map((d) => d.id)).toEqual([]);
   });
+
+  it("tag search finds tagged tasks through a tags index that holds tagged tasks only", async () => {
+    const tagged = await store.createTask(newTask("tagged-1"));
+    await store.createTask(newTask("untagged-1"));
+    await store.browse.setTags(tagged.id, ["billing", "etl"]);
+    expect((await store.browse.searchTasks({ nameLike: null, state: null, executor: null, tag: "etl" }, 10, 0)).ids).toEqual([tagged.id]);
+    expect((await store.browse.searchTasks({ nameLike: null, state: null, executor: null, tag: "nope" }, 10, 0)).ids).toEqual([]);
+    const entries = async () => Number((await store.pool.query("select count(*)::int as n from tasks where tags <> '{}'")).rows[0].n);
+    expect(await entries()).toBe(1);
+    // The search's own predicate lets the planner use the partial index (seq scans priced out).
+    const c = await store.pool.connect();
+    try {
+      await c.query("begin"); await c.query("set local enable_seqscan = off");
+      const plan = JSON.stringify((await c.query("explain (format json) select t.id from tasks t where ($1::text is null or (t.tags @> array[$1::text] and t.tags <> '{}'))", ["etl"])).rows);
+      expect(plan).toContain("tasks_tags");
+      await c.query("rollback");
+    } finally { c.release(); }
+    // The index really is partial: its definition says so.
+    const def = (await store.pool.query("select indexdef from pg_indexes where indexname = 'tasks_tags' and schemaname = current_schema()")).rows[0]?.indexdef as string;
+    expect(def).toMatch(/WHERE \(tags <> '\{\}'::text\[\]\)/);
+  });
 });
