@@ -105,7 +105,8 @@ export class ShardDecisions {
   private acquiredMs = Infinity;
   /** Who owned the shard before (named by outage intervals in the ledger). */
   private prevOwner: { owner: string | null; epoch: number | null; sinceMs: number | null } = { owner: null, epoch: null, sinceMs: null };
-  readonly stats = { fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
+  /** Counters for the node's status (`shardTotals`); rounds and mails show how much a round batches. */
+  readonly stats = { rounds: 0, mails: 0, fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
 
   constructor(private readonly p: DecisionPorts) {}
 
@@ -157,6 +158,7 @@ export class ShardDecisions {
   decide(batch: readonly Mail[], ctx: RoundContext): Round {
     const round = this.newRound();
     const { now, canFire, recorded } = ctx;
+    this.stats.rounds++; this.stats.mails += batch.length;
     for (const m of batch) {
       switch (m.t) {
         case "due": {
