@@ -79,7 +79,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_NAMESPACE: "ax",
   AX_SHARDS: "64",
   AX_TICK: "20ms",
-  AX_LEAD: "100ms",
+  AX_LEAD: "500ms",
   AX_RELEASER: "inline",
   AX_WHEEL_SIZE: "512",
   AX_MAX_IN_FLIGHT: "20000",

@@ -171,11 +171,13 @@ describe("engine v2", () => {
     expect([st.limiter.ahead, st.limiter.inFlight]).toEqual([0, 0]);
   });
 
-  it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, 100-200 ms ahead", async () => {
-    const { store, starts, client } = await oneNode("engg", "g1");
+  it("at the default lead, runs are decided on the 100 ms grid: runs due within one step are decided together, between the lead and the lead + 100 ms ahead", async () => {
+    const { tc, store, starts, client } = await oneNode("engg", "g1");
+    const lead = tc.config.leadMs;
+    expect(lead).toBe(500); // the default (common/config.ts)
     const t0 = Date.now() + 2000;
     // Due times spread over 2 s at odd offsets, so that without the grid the decision instants
-    // (due - 100 ms) would fall anywhere within their step.
+    // (due - lead) would fall anywhere within their step.
     const tasks = Array.from({ length: 40 }, (_, i) => ({ name: `g${i}`, executor: "w", at: new Date(t0 + i * 50 + ((i * 37) % 50)).toISOString() }));
     await client.call("task.bulkCreate", { tasks });
     await waitFor(async () => { for (const t of tasks) if ((await runsOf(store!, t.name))[0]?.state !== "success") return false; return true; }, 20_000, "every run recorded as done");
@@ -183,7 +185,7 @@ describe("engine v2", () => {
     for (const t of tasks) {
       const [run] = await runsOf(store, t.name);
       const due = Date.parse(t.at);
-      const boundary = Math.floor((due - 100) / 100) * 100;
+      const boundary = Math.floor((due - lead) / 100) * 100;
       expect(run!.firedMs).toBe(due);
       expect(run!.createdMs, `${t.name} decided before its step`).toBeGreaterThanOrEqual(boundary);
       expect(run!.createdMs, `${t.name} decided less than the lead ahead`).toBeLessThanOrEqual(due);

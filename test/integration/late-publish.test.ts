@@ -34,7 +34,9 @@ describe("a dispatch published late", () => {
     nats = new OwnNatsServer("listen: 127.0.0.1:{{PORT}}\njetstream { store_dir: \"{{STORE}}\" }\n");
     await nats.start();
     // Leases long enough to outlast the freeze: this test is about the run, not a fail-over.
-    tc = new TestCluster("latepub", { AX_NATS_URL: nats.url, AX_LEASE_TTL: "30s", AX_SHARDS: "2" });
+    // A 100 ms lead: the run is recorded (and its message published) inside the freeze below,
+    // which starts 200 ms before the due time; with a longer lead it would have gone out before.
+    tc = new TestCluster("latepub", { AX_NATS_URL: nats.url, AX_LEASE_TTL: "30s", AX_SHARDS: "2", AX_LEAD: "100ms" });
     store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
     await tc.startNode("n1");
     await tc.waitForShards();
