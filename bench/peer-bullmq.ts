@@ -22,7 +22,7 @@ import { Queue, Worker, type Job } from "bullmq";
 import { Recorder, cpuWindow, type RecorderSummary } from "./recorder.ts";
 import type { ServersCpu } from "./proc.ts";
 import type { NodeUsage } from "./harness.ts";
-import { nextSweepRate, runAgain, sweepWarmUp } from "./sweep.ts";
+import { RateSearch, sweepWarmUp } from "./sweep.ts";
 import { startRedis, type OwnRedis } from "./redis-server.ts";
 
 /** The warm-up steps' id (measured steps are 0, 1, …). */
@@ -163,9 +163,9 @@ export async function runBullSweep(o: PeerOptions & { start: number; windowS: nu
     await b.step(WARM_UP_STEP + 1, warm.tasks, 0, warm.rate, (T0, i) => T0 + Math.floor((i * 1000) / warm.rate), warm.rate);
     await sleep(1000);
     const t0 = Date.now();
-    let lo = 0; let hi = Infinity; let rate = o.start; let step = 0;
-    const retried = new Set<number>();
+    const search = new RateSearch(o.start); let step = 0;
     while ((Date.now() - t0) / 1000 < o.budgetS && step < 16) {
+      const rate = search.rate;
       const tasks = Math.round(rate * o.windowS);
       const r = await b.step(step, tasks, 0, rate, (T0, i) => T0 + Math.floor((i * 1000) / rate), rate);
       const s = r.s;
@@ -174,11 +174,10 @@ export async function runBullSweep(o: PeerOptions & { start: number; windowS: nu
       steps.push({ rate, p99: s.latencyMs.p99, lost: s.lost, dup: s.duplicated, early: s.early, achieved, pass });
       o.log(`bullmq max-rate step ${step}: ${rate}/s → p99 ${s.latencyMs.p99}ms lost ${s.lost} dup ${s.duplicated} early ${s.early} ${pass ? "pass" : "FAIL"}`);
       step++;
-      if (!pass && runAgain(rate, s.lost === 0 && s.duplicated === 0 && s.early === 0 && r.createdLateMs === 0, retried)) { o.log(`bullmq max-rate: ${rate}/s once more (failed on lateness alone)`); await sleep(1000); continue; }
-      if (pass) { lo = rate; if (!best || rate > (best.rate ?? 0)) best = r; } else hi = rate;
-      const next = nextSweepRate(rate, lo, hi);
+      if (pass && (!best || rate > (best.rate ?? 0))) best = r;
+      const next = search.next(pass, s.lost === 0 && s.duplicated === 0 && s.early === 0 && r.createdLateMs === 0);
       if (next === null) break;
-      rate = next;
+      if (next === "again") o.log(`bullmq max-rate: ${rate}/s once more (failed on lateness alone)`);
       await sleep(1000);
     }
   });

@@ -34,7 +34,7 @@ import { PEER_CONCURRENCY, runBullBurst, runBullSeed, runBullSweep } from "./pee
 import { METHOD, writeReports, type ResultRow } from "./report.ts";
 import { DueIndex } from "../actors/index.ts";
 import { ENV_DEFAULTS, parseDuration } from "../common/index.ts";
-import { nextSweepRate, runAgain, sweepWarmUp } from "./sweep.ts";
+import { RateSearch, sweepWarmUp } from "./sweep.ts";
 
 const argv = process.argv.slice(2);
 if (argv.includes("--help") || argv.includes("-h")) {
@@ -290,9 +290,9 @@ async function maxRateScenario(emit: Emit): Promise<void> {
     await axSeed(b, "w-", warm.tasks, warm.rate);
     await sleep(1000);
     const t0 = Date.now();
-    let lo = 0; let hi = Infinity; let rate = start; let step = 0;
-    const retried = new Set<number>();
+    const search = new RateSearch(start); let step = 0;
     while ((Date.now() - t0) / 1000 < budgetS && step < 16) {
+      const rate = search.rate;
       const tasks = Math.round(rate * windowS);
       const r = await axSeed(b, `s${step}-`, tasks, rate);
       const agrees = !(r.xc instanceof CrossCheckError);
@@ -303,12 +303,10 @@ async function maxRateScenario(emit: Emit): Promise<void> {
       steps.push({ rate, p99: r.s.latencyMs.p99, lost: r.s.lost, dup: r.s.duplicated, early: r.s.early, achieved: rr.achievedRate, pass, crossCheck: agrees });
       log(`max-rate step ${step}: ${rate}/s → p99 ${r.s.latencyMs.p99}ms lost ${r.s.lost} dup ${r.s.duplicated} early ${r.s.early}${agrees ? "" : " (runs table disagrees)"} ${pass ? "pass" : "FAIL"}`);
       step++;
-      if (!pass && runAgain(rate, r.s.lost === 0 && r.s.duplicated === 0 && r.s.early === 0, retried)) { log(`max-rate: ${rate}/s once more (failed on lateness alone)`); await sleep(1000); continue; }
-      if (pass) { lo = rate; if (!bestBox.v || rate > bestBox.v.rate) bestBox.v = { rate, r: rr, s: r.s }; }
-      else hi = rate;
-      const next = nextSweepRate(rate, lo, hi);
+      if (pass && (!bestBox.v || rate > bestBox.v.rate)) bestBox.v = { rate, r: rr, s: r.s };
+      const next = search.next(pass, r.s.lost === 0 && r.s.duplicated === 0 && r.s.early === 0);
       if (next === null) break;
-      rate = next;
+      if (next === "again") log(`max-rate: ${rate}/s once more (failed on lateness alone)`);
       await sleep(1000);
     }
   });

@@ -32,3 +32,23 @@ export function runAgain(rate: number, correct: boolean, retried: Set<number>): 
   retried.add(rate);
   return true;
 }
+
+/**
+ * The sweep's bookkeeping, the same object for ax and the peer: the rate to measure now, and
+ * after each measured step what comes next — the same rate once more (runAgain), the next rate
+ * (nextSweepRate over the bracket of passing and failing rates), or null when the search is done.
+ */
+export class RateSearch {
+  private lo = 0;
+  private hi = Infinity;
+  private readonly retried = new Set<number>();
+  constructor(public rate: number) {}
+  /** After a step at `this.rate`: `pass` met every criterion; `correct`: none lost, doubled or early. */
+  next(pass: boolean, correct: boolean): "again" | number | null {
+    if (!pass && runAgain(this.rate, correct, this.retried)) return "again";
+    if (pass) this.lo = this.rate; else this.hi = this.rate;
+    const next = nextSweepRate(this.rate, this.lo, this.hi);
+    if (next !== null) this.rate = next;
+    return next;
+  }
+}
