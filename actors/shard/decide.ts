@@ -441,7 +441,7 @@ export class ShardDecisions {
     const run: InFlightRun = { runId, taskId: row.id, executor: row.executor, timeoutMs: row.timeoutMs, ref: null, token: runToken(this.p.dispatchSecret, runId) };
     if (ahead) run.ahead = true;
     if (advanceSchedule && p.triggerId !== null) run.slotsBefore = { key: String(p.triggerId), value: row.triggerSlots[String(p.triggerId)] };
-    if (!opts.manual && releaseAt > now) run.held = p;
+    if (!opts.manual && releaseAt > now) { run.held = p; run.holdMs = releaseAt - now; }
     if (p.triggerId !== null && source !== "misfire") run.ledgerBefore = ledger.saveWatermark(row.triggerSlots, p.triggerId);
     this.ledgerSlot(round, lt, p, source, source === "misfire" ? { outcome: "catch-up", runId } : { outcome: "run", runId }, now);
     run.ref = this.p.horizon.addTimeout(releaseAt + row.timeoutMs, runId);
@@ -567,6 +567,14 @@ export class ShardDecisions {
       if (seen === "ask") {
         run.deliveryAskedAt = now;
         this.p.delivery.ask(run.executor, () => this.p.tell({ t: "due", items: [{ dueMs: now, item: { k: 1, runId } }], lateMs: 0 }));
+        return;
+      }
+      if (seen === "delivered" && run.undeliveredSince !== undefined) {
+        // Taken since the last check, after waiting in the stream: its executor has had less than
+        // its timeout, and holds a run sent ahead up to its lead after receiving it. Once, from
+        // now; delivered and still not started after that, it times out.
+        delete run.undeliveredSince; delete run.deliveryAskedAt;
+        run.ref = this.p.horizon.addTimeout(now + (run.holdMs ?? 0) + run.timeoutMs, runId);
         return;
       }
       if (seen === "undelivered") {

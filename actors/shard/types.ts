@@ -75,6 +75,8 @@ export interface InFlightRun {
   undeliveredSince?: number;
   /** When this shard last asked about its delivery (an answer from before that is not used). */
   deliveryAskedAt?: number;
+  /** Recorded ahead: the longest its executor may hold it after receiving it (its release time minus its decision). */
+  holdMs?: number;
 }
 
 export interface LiveTask {

@@ -438,7 +438,7 @@ describe("shard decisions: events, timeouts", () => {
       }
     });
 
-    it("delivered later: times out only then, asking afresh each time (an old answer is not reused)", () => {
+    it("delivered later: its timeout counts from then; delivered and still not started after that, it times out (asking afresh each time)", () => {
       const { s, runId } = atTimeout();
       s.decide([timeoutAt(runId, T0 + 5000)]);
       s.answerDelivery(10);
@@ -446,6 +446,14 @@ describe("shard decisions: events, timeouts", () => {
       s.clock.stepWall(1000);
       expect(s.decide([timeoutAt(runId, T0 + 6000)]).write.runUpdates).toEqual([]);
       expect(s.delivery.asked).toBe(2);
+      s.answerDelivery(42);
+      // Taken since the last check: the executor may hold it (a run sent ahead) and then gives
+      // its handler the whole timeout, so the shard does too, from now.
+      expect(s.decide([s.told.pop()!]).write.runUpdates).toEqual([]);
+      const timeoutMs = s.d.inFlight.get(runId)!.timeoutMs;
+      s.clock.stepWall(timeoutMs + (s.d.inFlight.get(runId)!.holdMs ?? 0));
+      expect(s.decide([timeoutAt(runId, s.clock.now())]).write.runUpdates).toEqual([]);
+      expect(s.delivery.asked).toBe(3);
       s.answerDelivery(42);
       expect(s.decide([s.told.pop()!]).write.runUpdates.map((u) => u.state)).toEqual(["timed_out"]);
     });
