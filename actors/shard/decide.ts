@@ -450,8 +450,10 @@ export class ShardDecisions {
     if (!list) { list = []; round.dispatch.set(row.executor, list); }
     list.push({
       runId, taskId: row.id, taskName: row.name, attempt: base.attempt, source, payload: opts.manual?.payload ?? row.payload,
-      scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.p.shard, token: run.token,
-      deadline: releaseAt + row.timeoutMs, gen: row.generation,
+      // No `deadline`: it is firedAt + timeoutMs here, which is what an executor takes when it is
+      // absent (25 of a run's ~260 bytes of dispatch, stored and delivered by JetStream). Only a
+      // re-published run, whose timeout was moved, carries one (effects.ts).
+      scheduledAt: base.dueMs, firedAt: releaseAt, timeoutMs: row.timeoutMs, shard: this.p.shard, token: run.token, gen: row.generation,
     });
     this.p.events?.["run:fired"]?.({ shard: this.p.shard, runId, taskId: row.id, lateMs: releaseAt - base.dueMs, source, executor: row.executor });
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }

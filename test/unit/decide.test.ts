@@ -118,6 +118,8 @@ describe("shard decisions: due slots", () => {
       check: (s: Setup, r: Round, row: TaskRow) => {
         expect(r.write.runInserts.map((x) => [x.state, x.firedMs, x.dueMs, x.source, x.epoch, x.shard])).toEqual([["running", T0, T0, "rate", 7, 3]]);
         expect(r.dispatch.get("e")?.map((x) => [x.taskId, x.firedAt, x.scheduledAt, x.token])).toEqual([[1, T0, T0, runToken(SECRET, r.write.runInserts[0]!.id)]]);
+        // No deadline on the wire: an executor takes firedAt + timeoutMs, the shard's own timeout.
+        expect(r.dispatch.get("e")![0]).not.toHaveProperty("deadline");
         expect(row.state).toBe("running");
         expect(row.nextDueMs).toBe(T0 + EVERY);
         expect(s.limiter.inFlight("e")).toBe(1);
