@@ -22,6 +22,8 @@ export interface CapacityWaiter {
 export class InFlightLimiter {
   private counts = new Map<string, number>();
   private limits = new Map<string, number>();
+  /** Executors whose limit was set (their own, or null: the node's). */
+  private known = new Set<string>();
   private queues = new Map<string, WaiterHeap>();
   /** Places outside the limit: runs sent ahead to executors that hold them (see tryAcquireAhead). */
   private aheadCounts = new Map<string, number>();
@@ -33,8 +35,10 @@ export class InFlightLimiter {
   constructor(private readonly defaultMax: number,
     private readonly placesAhead: { max: number; holds: (executor: string) => boolean } = { max: 0, holds: () => false }) {}
 
-  setLimit(executor: string, max: number): void {
-    this.limits.set(executor, max);
+  /** The executor's own limit (never above the node's); null: the node's. */
+  setLimit(executor: string, max: number | null): void {
+    this.known.add(executor);
+    if (max === null) this.limits.delete(executor); else this.limits.set(executor, max);
     this.pump(executor);
   }
   limitOf(executor: string): number { return Math.min(this.limits.get(executor) ?? this.defaultMax, this.defaultMax); }
@@ -103,6 +107,12 @@ export class InFlightLimiter {
     this.pump(executor);
   }
   /** Runs in flight per executor, those placed ahead included (executors with none are left out). */
+  /** The limit that applies to each executor this node knows (its own, or else the node's). */
+  limitsByExecutor(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const e of new Set([...this.known, ...this.counts.keys(), ...this.queues.keys()])) out[e] = this.limitOf(e);
+    return out;
+  }
   byExecutor(): Map<string, number> {
     const out = new Map(this.counts);
     for (const [e, n] of this.aheadCounts) out.set(e, (out.get(e) ?? 0) + n);

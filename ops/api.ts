@@ -93,6 +93,8 @@ export interface ApiDeps {
   /** The live nodes' loads from their heartbeats (this one's own), without a query. */
   nodes: () => ReadonlyArray<{ load?: { byExecutor?: Record<string, number> } }>;
   limits?: ApiLimits;
+  /** AX_MAX_IN_FLIGHT: the limit of an executor that registered none (shown by status). */
+  defaultMaxInFlight?: number;
 }
 
 export const shardOfTask = (id: number, shardCount: number) => hash32(`task:${id}`) % shardCount;
@@ -249,7 +251,7 @@ export class Api {
     this.limits = d.limits ?? DEFAULT_API_LIMITS; this.audit = new AuditLog(d.store.audit);
     this.browse = { store: d.store, publicTask, publicRun, nowMs: () => d.clock.now() };
     this.scheduling = new SchedulingOps({ store: d.store, clock: d.clock, shardCommand: (shard, cmd) => this.shardCommand(shard, cmd) });
-    this.runOps = new RunOps({ store: d.store, nc: d.nc, names: d.names, clock: d.clock });
+    this.runOps = new RunOps({ store: d.store, nc: d.nc, names: d.names, clock: d.clock, defaultMaxInFlight: d.defaultMaxInFlight ?? null });
     this.editor = new TaskEditor({
       store: d.store, clock: d.clock, parseSpec: (raw, now) => parseTaskSpec(raw, now, this.limits), resolveTask: (ref) => this.task({ task: ref }),
       shardCommand: (shard, cmd) => this.shardCommand(shard, cmd), createTask: (spec, applySet) => this.createTask(spec, applySet),

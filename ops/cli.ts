@@ -459,11 +459,13 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   return program;
 }
 
-type ExecutorLine = { name: string; kind: string; liveness?: string; dead?: boolean; instances?: number; inFlight?: number; maxInFlight: number; lastSeenAt?: string | null; lastSeenMs: number | null };
+type ExecutorLine = { name: string; kind: string; liveness?: string; dead?: boolean; instances?: number; inFlight?: number; maxInFlight: number | null; maxInFlightFrom?: string; lastSeenAt?: string | null; lastSeenMs: number | null };
 function executorRow(e: ExecutorLine): Record<string, unknown> {
   const seen = e.lastSeenMs ?? null;
   const ago = seen === null ? "never" : `${Math.max(0, Math.round((Date.now() - seen) / 1000))}s ago`;
-  return { executor: e.name, kind: e.kind, live: e.liveness === "alive" ? "alive" : e.liveness === "dead" ? "DEAD" : "no instance", instances: e.instances ?? "?", inFlight: e.inFlight ?? "?", maxInFlight: e.maxInFlight, lastSeen: ago };
+  return { executor: e.name, kind: e.kind, live: e.liveness === "alive" ? "alive" : e.liveness === "dead" ? "DEAD" : "no instance", instances: e.instances ?? "?", inFlight: e.inFlight ?? "?",
+    // "(node)": no limit of its own, the node's AX_MAX_IN_FLIGHT applies.
+    maxInFlight: e.maxInFlight === null ? "?" : e.maxInFlightFrom === "node" ? `${e.maxInFlight} (node)` : e.maxInFlight, lastSeen: ago };
 }
 
 type WaitedRun = { run: { id: string; state: string; error: string | null; result?: unknown }; final: boolean; next: string | null; retryPending: boolean };

@@ -195,7 +195,7 @@ export class AxNode {
     this.api = new Api({
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
       supervisor: this.supervisor, nodeId: this.id, status: () => this.status(), nodes: () => this.nodes(),
-      limits: { payloadBytes: c.limits.payloadBytes, payloadDepth: c.limits.payloadDepth },
+      limits: { payloadBytes: c.limits.payloadBytes, payloadDepth: c.limits.payloadDepth }, defaultMaxInFlight: c.maxInFlightPerExecutor,
     });
     // The API: any node answers (queue group), so the CLI needs only a NATS URL.
     this.subs.push(this.nc.subscribe(this.names.apiSubject(">"), {
@@ -213,7 +213,7 @@ export class AxNode {
         if (skip) delete args.skip;
         this.api.call(op, args, { who }).then((v) => {
           if (op.startsWith("executor.register")) {
-            this.noteExecutor((v as { name: string }).name, typeof args.maxInFlight === "number" ? args.maxInFlight : null, args.holds === true);
+            this.noteExecutor((v as { name: string }).name, typeof args.maxInFlight === "number" ? args.maxInFlight : undefined, args.holds === true);
           }
           this.reply(msg, okEnvelope(v), op, args, skip);
         }, (e) => this.reply(msg, errEnvelope(e)));
@@ -363,12 +363,16 @@ export class AxNode {
   }
 
   /** Takes in the registered executors: each one's in-flight limit, and whether its runs may go out ahead of their due time. */
-  private noteExecutors(list: ReadonlyArray<{ name: string; maxInFlight: number; holds: boolean }>): void {
+  private noteExecutors(list: ReadonlyArray<{ name: string; maxInFlight: number | null; holds: boolean }>): void {
     for (const e of list) this.noteExecutor(e.name, e.maxInFlight, e.holds);
   }
-  /** One executor's registration (`maxInFlight` null: its limit unchanged). */
-  private noteExecutor(name: string, maxInFlight: number | null, holds: boolean): void {
-    if (maxInFlight !== null) this.limiter.setLimit(name, maxInFlight);
+  /**
+   * One executor's registration or stored row. `maxInFlight`: its own limit; null (a row without
+   * one): the node's AX_MAX_IN_FLIGHT; undefined (a registration that names none): unchanged,
+   * since a limit another instance registered stays (see upsertExecutor).
+   */
+  private noteExecutor(name: string, maxInFlight: number | null | undefined, holds: boolean): void {
+    if (maxInFlight !== undefined) this.limiter.setLimit(name, maxInFlight);
     if (holds) this.holdingExecutors.add(name); else this.holdingExecutors.delete(name);
   }
 
@@ -504,7 +508,7 @@ export class AxNode {
       releaser: this.releaser?.stats ?? null,
       // Runs holding a place at their executors and tasks queued for one (a pinned inFlight with
       // a growing queue is the in-flight bound limiting the rate), and the shards' counters summed.
-      limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting(), ahead: this.limiter.ahead() },
+      limiter: { inFlight: this.limiter.inFlight(), waiting: this.limiter.waiting(), ahead: this.limiter.ahead(), limits: this.limiter.limitsByExecutor() },
       shardTotals: this.shardTotals(),
       events: this.nodeEvents?.stats ?? null,
     };

@@ -13,7 +13,11 @@ import type { RunRow, Store } from "../actors/index.ts";
  * - `executor.heartbeat.<executor>` (the SDK, every few seconds): an instance's liveness;
  * - `executorLiveness()`: every executor with its live instances, for `status`.
  */
-export interface RunOpsDeps { store: Store; nc: NatsConnection; names: Names; clock: Clock }
+export interface RunOpsDeps {
+  store: Store; nc: NatsConnection; names: Names; clock: Clock;
+  /** The node's AX_MAX_IN_FLIGHT, the limit of an executor that registered none (null: not known here). */
+  defaultMaxInFlight: number | null;
+}
 
 /** An instance is live while its last heartbeat is younger than this many of its periods. */
 const MISSED_BEATS = 3;
@@ -23,7 +27,12 @@ const NAME_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
 export type Liveness = "alive" | "dead" | "none";
 export interface ExecutorView {
-  name: string; kind: string; maxInFlight: number; lastSeenMs: number | null; lastSeenAt: string | null;
+  name: string; kind: string;
+  /** The limit of runs in flight per node that applies: its own, or else the node's (null: neither known). */
+  maxInFlight: number | null;
+  /** Whether that limit is the executor's own (registered) or the node's AX_MAX_IN_FLIGHT. */
+  maxInFlightFrom: "executor" | "node";
+  lastSeenMs: number | null; lastSeenAt: string | null;
   /** alive: an instance heartbeats; dead: instances stopped heartbeating without saying goodbye; none: no instance reports. */
   liveness: Liveness; dead: boolean; instances: number; inFlight: number;
   instanceList: Array<{ instance: string; lastSeenAt: string; inFlight: number; concurrency: number | null; alive: boolean; startedAt: string }>;
@@ -105,7 +114,8 @@ export class RunOps {
       const liveness: Liveness = live.length ? "alive" : mine.length ? "dead" : "none";
       const lastSeenMs = Math.max(e.lastSeenMs ?? 0, ...mine.map((i) => i.lastSeenMs)) || null;
       return {
-        name: e.name, kind: e.kind, maxInFlight: e.maxInFlight, lastSeenMs, lastSeenAt: iso(lastSeenMs),
+        name: e.name, kind: e.kind, maxInFlight: e.maxInFlight ?? this.d.defaultMaxInFlight, maxInFlightFrom: e.maxInFlight === null ? "node" : "executor",
+        lastSeenMs, lastSeenAt: iso(lastSeenMs),
         liveness, dead: liveness !== "alive", instances: live.length, inFlight: live.reduce((n, i) => n + i.inFlight, 0),
         instanceList: mine.map(({ lastSeenMs: _l, ...i }) => i),
       };

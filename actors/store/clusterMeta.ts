@@ -73,10 +73,14 @@ export class ClusterMeta {
     const r = await this.pool.query("update shards set pinned_to = $2 where shard = $1", [shard, node]);
     if (!r.rowCount) throw new InvalidInputError("shard", shard, "no such shard");
   }
-  /** `holds`: what the registering instance said (the latest registration of the name decides). */
+  /**
+   * `holds`: what the registering instance said (the latest registration of the name decides).
+   * `maxInFlight`: the executor's own limit; null keeps the one it has (none at first: the node's
+   * AX_MAX_IN_FLIGHT applies).
+   */
   async upsertExecutor(name: string, kind: "nats" | "http", maxInFlight: number | null, nowMs: number, holds = false): Promise<void> {
     await this.pool.query(
-      `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms, holds) values ($1, $2, coalesce($3, 5000), $4, $4, $5)
+      `insert into executors (name, kind, max_in_flight, created_ms, last_seen_ms, holds) values ($1, $2, $3, $4, $4, $5)
        on conflict (name) do update set last_seen_ms = $4, max_in_flight = coalesce($3, executors.max_in_flight), kind = $2, holds = $5`,
       [name, kind, maxInFlight, nowMs, holds]);
   }
@@ -87,4 +91,9 @@ export class ClusterMeta {
 }
 
 /** An executor as registered: `holds` if its instances hold runs received ahead of their due time until it (see Persister). */
-export interface ExecutorRow { name: string; kind: string; maxInFlight: number; lastSeenMs: number | null; holds: boolean }
+export interface ExecutorRow {
+  name: string; kind: string;
+  /** Its own limit of runs in flight per node; null: none, the node's AX_MAX_IN_FLIGHT applies. */
+  maxInFlight: number | null;
+  lastSeenMs: number | null; holds: boolean;
+}

@@ -362,6 +362,19 @@ create table alert_hooks (
     sql: `drop index if exists tasks_tags;
 create index tasks_tags on tasks using gin (tags) where tags <> '{}';`,
   },
+  {
+    version: 20,
+    name: "an executor registered without an in-flight limit gets the node's (AX_MAX_IN_FLIGHT)",
+    // The column's default (5,000) stood for "no limit of its own", and each node's refresh of
+    // the executors applied it as the executor's limit: the node's AX_MAX_IN_FLIGHT (20,000 by
+    // default) never applied to an executor that did not ask for a limit, and at 8,200 runs/s
+    // with a 500 ms lead (about 5,000 runs decided, held or unreported at any moment) any delay
+    // pinned the bound and every later run waited for a place. NULL now means "the node's
+    // limit"; a 5,000 stored so far is taken as that default (an executor that asked for
+    // exactly 5,000 sets it again when an instance next registers).
+    sql: `alter table executors alter column max_in_flight drop not null, alter column max_in_flight drop default;
+update executors set max_in_flight = null where max_in_flight = 5000;`,
+  },
 ];
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

@@ -17,6 +17,7 @@ const tc = new TestCluster("node");
 let node: AxNode;
 let client: AxClient;
 let nc: NatsConnection;
+let nodeStartedAt = 0;
 const starts: Array<{ runId: string; task: string; at: number; scheduledAt: number; attempt: number }> = [];
 const hold = new Map<string, number>(); // task name → ms the handler takes
 const gates = new Map<string, Promise<void>>(); // task name → its runs end when the test opens the gate
@@ -40,6 +41,7 @@ const runsOf = (task: string, limit = 100) => client.call<Run[]>("runs", { task,
 const startsOf = (task: string) => starts.filter((s) => s.task === task);
 
 beforeAll(async () => {
+  nodeStartedAt = Date.now();
   node = await tc.startNode("n1");
   await tc.waitForShards();
   const ex = await tc.startExecutor("work", handler);
@@ -350,4 +352,16 @@ describe("single node end to end", () => {
     const status = JSON.parse((await tc.cli(["status", "--json"])).stdout);
     expect(status.nodes[0].shards).toHaveLength(tc.config.shardCount);
   });
+
+  it("an executor that registered no in-flight limit is bounded by the node's AX_MAX_IN_FLIGHT, also after the node re-reads the executors", async () => {
+    // The node re-reads the registered executors every 10 s; before, a row's stored default (5,000)
+    // became the executor's limit there, below the node's 20,000.
+    await sleep(Math.max(0, nodeStartedAt + 11_000 - Date.now()));
+    const st = await client.call<{ executors: Array<{ name: string; maxInFlight: number; maxInFlightFrom: string }>; limiter: { limits: Record<string, number> } }>("status");
+    expect(tc.config.maxInFlightPerExecutor).toBe(20_000);
+    expect(st.limiter.limits.work).toBe(20_000);
+    expect(st.executors.find((e) => e.name === "work")).toMatchObject({ maxInFlight: 20_000, maxInFlightFrom: "node" });
+    const cli = await tc.cli(["status"]);
+    expect(cli.stdout).toMatch(/work .*20000 \(node\)/);
+  }, 30_000);
 });

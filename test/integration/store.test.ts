@@ -203,6 +203,22 @@ describe("store", () => {
     expect((await store.getTask(b.id))!.record).toEqual(running);
   });
 
+  it("an executor registered without an in-flight limit has none stored (the node's applies); one it registers stays; migration 20 takes a stored 5,000 as none", async () => {
+    const limitOf = async (name: string) => (await store.listExecutors()).find((e) => e.name === name)!.maxInFlight;
+    await store.upsertExecutor("lim-none", "nats", null, 1);
+    expect(await limitOf("lim-none")).toBeNull();
+    await store.upsertExecutor("lim-own", "nats", 300, 1);
+    await store.upsertExecutor("lim-own", "nats", null, 2); // another instance naming none keeps it
+    expect(await limitOf("lim-own")).toBe(300);
+    // Rows as versions before 20 stored them: 5,000 for "none", or a limit asked for.
+    await store.pool.query("insert into executors (name, kind, max_in_flight, created_ms) values ('lim-old-default', 'nats', 5000, 1), ('lim-old-own', 'nats', 4000, 1)");
+    await store.pool.query("delete from schema_migrations where version = 20");
+    expect((await store.migrate()).applied).toEqual([20]);
+    expect(await limitOf("lim-old-default")).toBeNull();
+    expect(await limitOf("lim-old-own")).toBe(4000);
+    expect(await limitOf("lim-own")).toBe(300);
+  });
+
   it("finds a shard's running runs through its tasks' in-flight lists, and only those", async () => {
     const t = await store.createTask(newTask("inflight", { shardOf: () => 3 }));
     const other = await store.createTask(newTask("idle", { shardOf: () => 3 }));

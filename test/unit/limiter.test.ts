@@ -50,6 +50,22 @@ describe("in-flight limiter", () => {
     expect(l.inFlight("x")).toBe(2);
   });
 
+  it("an executor without a limit of its own (null) has the node's, never above it; clearing its own wakes waiters", () => {
+    const l = new InFlightLimiter(4);
+    expect(l.limitOf("x")).toBe(4);
+    l.setLimit("x", 2);
+    expect(l.limitsByExecutor()).toEqual({ x: 2 });
+    expect(l.tryAcquire("x")).toBe(true);
+    expect(l.tryAcquire("x")).toBe(true);
+    let woke = 0;
+    l.wait("x", { dueMs: 5, wake: () => { woke++; return true; } });
+    l.setLimit("x", null);
+    expect(l.limitOf("x")).toBe(4);
+    expect(woke).toBe(1);
+    l.setLimit("x", 50); // an executor's own limit above the node's: the node's
+    expect(l.limitsByExecutor()).toEqual({ x: 4 });
+  });
+
   it("property: never over the limit, live waiters served earliest due first, none left waiting while a place is free (seeded)", () => {
     for (let seed = 1; seed <= 100; seed++) {
       const rand = rng(seed);
