@@ -106,13 +106,13 @@ export class InFlightLimiter {
     if (n <= 0) this.counts.delete(executor); else this.counts.set(executor, n);
     this.pump(executor);
   }
-  /** Runs in flight per executor, those placed ahead included (executors with none are left out). */
   /** The limit that applies to each executor this node knows (its own, or else the node's). */
   limitsByExecutor(): Record<string, number> {
     const out: Record<string, number> = {};
     for (const e of new Set([...this.known, ...this.counts.keys(), ...this.queues.keys()])) out[e] = this.limitOf(e);
     return out;
   }
+  /** Runs in flight per executor, those placed ahead included (executors with none are left out). */
   byExecutor(): Map<string, number> {
     const out = new Map(this.counts);
     for (const [e, n] of this.aheadCounts) out.set(e, (out.get(e) ?? 0) + n);
