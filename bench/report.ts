@@ -44,12 +44,18 @@ const SVG = join(root, "docs", "bench-lateness.svg");
 const ORDER = ["seed-50k", "seed-500k", "max-rate", "burst", "shards", "idle-1m", "create"];
 const ANALYSIS = join(root, "bench", "analysis.md");
 
-/** The targets of issue 12 (engine v2), checked against the latest full-size rows of the current method. */
+/**
+ * The targets of issue 12 (engine v2), checked against the latest full-size rows of the current
+ * method (explorations only for the 64 vs 4 shards target, whose other shard count is one).
+ */
 export function targets(all: ReadonlyArray<Pick<Stored, "row">>): string {
-  const get = (sc: string, peer?: string) => all.find((x) => x.row.scenario === sc && (x.row.peer ?? undefined) === peer)?.row;
+  const get = (sc: string, peer?: string) => all.find((x) => x.row.scenario === sc && (x.row.peer ?? undefined) === peer && !x.row.exploration?.length)?.row;
   const mark = (ok: boolean | null) => (ok === null ? "not run" : ok ? "met" : "**not met**");
   const s5 = get("seed-500k"); const s5b = get("seed-500k", "bullmq"); const mr = get("max-rate"); const mrb = get("max-rate", "bullmq");
-  const bu = get("burst"); const bub = get("burst", "bullmq"); const sh = get("shards"); const cr = get("create");
+  const bu = get("burst"); const bub = get("burst", "bullmq"); const cr = get("create");
+  // The default's shards row carries the ratios; the other shard count's row is an exploration.
+  const sh = all.find((x) => x.row.scenario === "shards" && !x.row.peer && !x.row.exploration?.length)?.row;
+  const shx = all.find((x) => x.row.scenario === "shards" && !x.row.peer && (x.row.exploration?.length ?? 0) > 0)?.row;
   const num = (v: unknown) => (typeof v === "number" ? v : null);
   const p99 = s5?.latencyMs?.p99 ?? null; const p99b = s5b?.latencyMs?.p99 ?? null;
   const shR = sh?.ratios as { p99?: number | null; cpuUsPerRun?: number | null; vsShards?: number } | undefined;
@@ -62,13 +68,25 @@ export function targets(all: ReadonlyArray<Pick<Stored, "row">>): string {
     return first && !first.pass ? `not shown (${who}'s sweep failed its first step, ${first.rate}/s, and searched only below it)` : null;
   };
   const within10 = (r: number | null | undefined) => r !== null && r !== undefined && r >= 1 / 1.1 && r <= 1.1;
+  // A seed that fell behind has a lateness set by how far behind it got, not by its shards: the
+  // ratio of two such runs says nothing either way, and a default that fell behind beside a
+  // 4-shard run that kept the rate has missed the target whatever the ratio.
+  const kept = (r: ResultRow | undefined) => (r && typeof r.rate === "number" && typeof r.achievedRate === "number" ? r.achievedRate >= 0.98 * r.rate : null);
+  const shardsStatus = (): string => {
+    const k64 = kept(sh); const k4 = kept(shx);
+    const rates = `${fmt(sh?.achievedRate)}/s and ${fmt(shx?.achievedRate)}/s of ${fmt(sh?.rate)}`;
+    if (k64 === false && k4 === false) return `not shown (both runs fell behind, ${rates}: the ratio says nothing)`;
+    if (k64 === false) return `**not met** (the default fell behind, ${rates})`;
+    if (k4 === false) return `not shown (the ${fmt(shR?.vsShards)}-shard run fell behind, ${rates})`;
+    return mark(sh ? within10(shR?.p99) && within10(shR?.cpuUsPerRun) : null);
+  };
   const rows = [
     ["seed-500k p99 ≤ 20 ms and ≤ BullMQ's, 0 lost, 0 duplicated", s5 ? `p99 ${fmt(p99)} ms (BullMQ ${fmt(p99b)}), lost ${s5.lost}, dup ${s5.duplicated}, early ${fmt(s5.early)}` : "–",
       mark(s5 ? p99 !== null && p99 <= 20 && (p99b === null || p99 <= p99b) && s5.lost === 0 && s5.duplicated === 0 && !s5.early : null)],
     ["max-rate (p99 ≤ 100 ms) ≥ 1.5 × BullMQ's", mr ? `${fmt(mr.rate)}/s vs BullMQ ${fmt(mrb?.rate)}/s (×${fmt(mrb?.ratio)})` : "–",
       unsearched(mr, "ax") ?? unsearched(mrb, "BullMQ") ?? mark(mr && mrb ? (mr.rate ?? 0) >= 1.5 * (mrb.rate ?? Infinity) : null)],
     ["max-rate CPU per run (all processes) ≤ 80 µs", mr ? `${fmt(mr.cpuUsPerRun)} µs` : "–", mark(mr && num(mr.cpuUsPerRun) !== null ? num(mr.cpuUsPerRun)! <= 80 : null)],
-    ["64 vs 4 shards: seed-500k p99 and CPU per run within 10 %", sh ? `p99 ×${fmt(shR?.p99)}, CPU per run ×${fmt(shR?.cpuUsPerRun)} (64 ÷ ${fmt(shR?.vsShards)})` : "–", mark(sh ? within10(shR?.p99) && within10(shR?.cpuUsPerRun) : null)],
+    ["64 vs 4 shards: seed-500k p99 and CPU per run within 10 %", sh ? `p99 ×${fmt(shR?.p99)}, CPU per run ×${fmt(shR?.cpuUsPerRun)} (64 ÷ ${fmt(shR?.vsShards)})` : "–", shardsStatus()],
     ["burst 100k: last start no later than BullMQ's", bu ? `${fmt(bu.lastStartMs)} ms vs BullMQ ${fmt(bub?.lastStartMs)} ms` : "–", mark(bu && bub && num(bu.lastStartMs) !== null && num(bub.lastStartMs) !== null ? num(bu.lastStartMs)! <= num(bub.lastStartMs)! : null)],
     ["create ≥ 50,000 tasks/s", cr ? `${cr.rate}/s` : "–", mark(cr ? (cr.rate ?? 0) >= 50_000 : null)],
   ];
@@ -163,7 +181,7 @@ ${extras(full)}
 
 ## Targets
 
-${targets(full)}
+${targets([...full, ...exploration.filter((s) => !s.row.quick && s.row.scenario === "shards")])}
 
 ${existsSync(ANALYSIS) ? (full.length ? "" : "*The analysis below was written about the rows now listed under \"Rows measured with the older method\"; it predates the [Method](#method) below.*\n\n") + readFileSync(ANALYSIS, "utf8").trim() + "\n" : ""}
 ${quick.length ? `### Scaled-down runs (\`--quick\`)\n\n${table(quick)}\n\n${extras(quick)}\n` : ""}

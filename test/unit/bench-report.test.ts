@@ -25,3 +25,29 @@ describe("the max-rate target", () => {
       .toMatch(/^not shown \(ax's sweep failed its first step/);
   });
 });
+
+/** The shards rows as bench/run.ts records them: the default's with the ratios, the other as an exploration. */
+function shards(achieved64: number, achieved4: number, ratios: { p99: number; cpuUsPerRun: number }): Array<{ row: ResultRow }> {
+  const base = { scenario: "shards", tasks: 500_000, rate: 8200, latencyMs: null, lost: 0, duplicated: 0, nodeCpuS: 1, nodeRssMb: 1, serversCpuS: 1 };
+  return [
+    { row: { ...base, achievedRate: achieved64, shards: 64, ratios: { vsShards: 4, ...ratios } } },
+    { row: { ...base, achievedRate: achieved4, shards: 4, exploration: ["4 shards"] } },
+  ];
+}
+const shardsStatusOf = (md: string) => /\| 64 vs 4 shards: [^|]*\|[^|]*\| ([^|]*) \|/.exec(md)![1]!.trim();
+
+describe("the 64 vs 4 shards target", () => {
+  it("is decided by the ratios when both runs kept the seed's rate", () => {
+    expect(shardsStatusOf(targets(shards(8201, 8200, { p99: 1.05, cpuUsPerRun: 1.08 })))).toBe("met");
+    expect(shardsStatusOf(targets(shards(8201, 8200, { p99: 1.05, cpuUsPerRun: 1.2 })))).toBe("**not met**");
+  });
+
+  it("is not met when the default fell behind beside a 4-shard run that kept the rate, whatever the ratios", () => {
+    expect(shardsStatusOf(targets(shards(5936, 8201, { p99: 1.0, cpuUsPerRun: 1.0 })))).toMatch(/^\*\*not met\*\* \(the default fell behind, 5936\/s/);
+  });
+
+  it("is not shown when both fell behind, or only the 4-shard run did (the ratio says nothing)", () => {
+    expect(shardsStatusOf(targets(shards(5976, 5979, { p99: 0.99, cpuUsPerRun: 0.93 })))).toMatch(/^not shown \(both runs fell behind/);
+    expect(shardsStatusOf(targets(shards(8200, 6000, { p99: 0.5, cpuUsPerRun: 1.0 })))).toMatch(/^not shown \(the 4-shard run fell behind/);
+  });
+});
