@@ -52,9 +52,8 @@ export function targets(all: ReadonlyArray<Pick<Stored, "row">>): string {
   const get = (sc: string, peer?: string) => all.find((x) => x.row.scenario === sc && (x.row.peer ?? undefined) === peer && !x.row.exploration?.length)?.row;
   const mark = (ok: boolean | null) => (ok === null ? "not run" : ok ? "met" : "**not met**");
   const s5 = get("seed-500k"); const s5b = get("seed-500k", "bullmq"); const mr = get("max-rate"); const mrb = get("max-rate", "bullmq");
-  const bu = get("burst"); const bub = get("burst", "bullmq"); const cr = get("create");
+  const bu = get("burst"); const bub = get("burst", "bullmq"); const sh = get("shards"); const cr = get("create");
   // The default's shards row carries the ratios; the other shard count's row is an exploration.
-  const sh = all.find((x) => x.row.scenario === "shards" && !x.row.peer && !x.row.exploration?.length)?.row;
   const shx = all.find((x) => x.row.scenario === "shards" && !x.row.peer && (x.row.exploration?.length ?? 0) > 0)?.row;
   const num = (v: unknown) => (typeof v === "number" ? v : null);
   const p99 = s5?.latencyMs?.p99 ?? null; const p99b = s5b?.latencyMs?.p99 ?? null;
