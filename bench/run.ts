@@ -213,6 +213,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   if (pg0) {
     const pg1 = await b.pgStats();
     log("pg", Object.fromEntries(Object.entries(pg1).map(([k, v]) => [k, v - (pg0[k] ?? 0)])), "node", await b.nodeStatus().then((x) => { const y = x as { persister?: unknown; limiter?: unknown; shardTotals?: unknown }; return { persister: y.persister, limiter: y.limiter, shards: y.shardTotals }; }));
+    log("executor", b.executor.stats);
   }
   const s = rec.summary();
   // The runs table trails the handlers by the event path (executor flush, the node's round): at

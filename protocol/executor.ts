@@ -75,9 +75,11 @@ export interface ExecutorOptions {
   /** How often this instance reports its liveness (last seen, runs in flight) to the cluster. Default 5 s; 0 = never. */
   heartbeatMs?: number;
   /**
-   * A run delivered this long after it was fired (a queue built up while no instance ran), or
-   * delivered again, is checked with the cluster before it starts (`run.check`: its task removed
-   * or changed, a retry superseded it). Default 2 s. Expired runs are refused without asking.
+   * A run delivered this long after its message was published (a queue built up while no
+   * instance ran, or a publish that was tried again), or delivered again, is checked with the
+   * cluster before it starts (`run.check`: its task removed or changed, a retry superseded it).
+   * Default 2 s. Expired runs are refused without asking. A message from a node that predates
+   * `sentAt` (v1) is timed from its runs' fire instead.
    */
   staleCheckAfterMs?: number;
   /**
@@ -245,7 +247,7 @@ export class Executor {
   /** Resolves once a node has recorded this executor (tasks may name it from then on). */
   readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
   /** expired: refused past their deadline; stale: refused because run.check said so (task removed or changed, superseded). */
-  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0, held: 0, revoked: 0 };
+  readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0, held: 0, revoked: 0, checked: 0 };
   private readonly startedMs = Date.now();
   private heartbeatTimer: NodeJS.Timeout | null = null;
   private cancelSub: { unsubscribe(): void } | null = null;
@@ -346,6 +348,7 @@ export class Executor {
 
   private async onMessage(m: JsMsg): Promise<void> {
     const receivedMono = performance.now();
+    const receivedMs = Date.now();
     const d = decodeDispatch(m.data);
     if (!d.ok) {
       this.stats.malformed++;
@@ -384,8 +387,15 @@ export class Executor {
         // Known as held from now on, all of them (an operator's cancel finds any of them).
         for (const r of fresh) if (r.firedAt > sentAt) { this.holding.set(r.runId, { cancelledBy: null }); this.stats.held++; }
       }
+      // "Delivered late" is counted from when the node published the message (v2 `sentAt`, kept by
+      // a publish tried again), not from the runs' fire: a run a busy node fired late but published
+      // at once did not sit in a queue, and asking about every such run made a node that was behind
+      // answer a check for each of its runs on top of its work. A v1 message has no `sentAt`: its
+      // runs' fire time stands in, as before.
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
-      const suspect = fresh.filter((r) => expired.has(r.runId) || m.info.deliveryCount > 1 || now - r.firedAt > staleAfter);
+      const suspect = fresh.filter((r) => expired.has(r.runId) || m.info.deliveryCount > 1
+        || receivedMs - (sentAt ?? r.firedAt) > staleAfter);
+      this.stats.checked += suspect.length;
       const verdicts: Map<string, string> & { answered?: boolean } = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
       for (const run of fresh) {
         const late = expired.get(run.runId);

@@ -190,6 +190,30 @@ describe("executor SDK", () => {
       }
     });
 
+    it("run.check is asked about runs whose message sat in the queue, not about runs a node fired late and published at once", async () => {
+      const asked: string[] = [];
+      const sub = nc.subscribe(n.apiSubject("run.check.sdk"), { callback: (_e, m) => {
+        const body = JSON.parse(new TextDecoder().decode(m.data)) as { runs: Array<{ runId: string }> };
+        asked.push(...body.runs.map((r) => r.runId));
+        m.respond(encode({ ok: true, value: { stale: {} } }));
+      } });
+      try {
+        await nc.flush();
+        const checkedBefore = ex.stats.checked;
+        // Fired 5 s ago by a node that was behind, published just now: delivered at once, not checked.
+        const firedLate = aheadRun(`r-fired-late-${++seq}`, Date.now() - 5000);
+        await sendAhead([firedLate], Date.now(), `d:${firedLate.runId}`);
+        // Fired 3 s ago and published then: it sat in the queue for 3 s, so it is checked first.
+        const queued = aheadRun(`r-queued-${++seq}`, Date.now() - 3000);
+        await sendAhead([queued], Date.now() - 3000, `d:${queued.runId}`);
+        await waitFor(() => startedAt.has(firedLate.runId) && startedAt.has(queued.runId), 5000, "both runs started");
+        expect(asked).toEqual([queued.runId]);
+        expect(ex.stats.checked - checkedBefore).toBe(1);
+        expect(handled.get(firedLate.runId)).toBe(1);
+        expect(handled.get(queued.runId)).toBe(1);
+      } finally { sub.unsubscribe(); }
+    });
+
     it("a run revoked while it is held here never starts, nor does one revoked before it arrives", async () => {
       const heldBefore = ex.stats.held;
       const revokedBefore = ex.stats.revoked;
