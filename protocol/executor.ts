@@ -246,7 +246,7 @@ export class Executor {
   private registeredResolve!: () => void;
   /** Resolves once a node has recorded this executor (tasks may name it from then on). */
   readonly registered: Promise<void> = new Promise((r) => { this.registeredResolve = r; });
-  /** expired: refused past their deadline; stale: refused because run.check said so (task removed or changed, superseded). */
+  /** expired: refused past their deadline; stale: refused because run.check said so (task removed or changed, superseded); checked: runs asked about with run.check (see staleCheckAfterMs). */
   readonly stats = { runs: 0, succeeded: 0, failed: 0, duplicates: 0, expired: 0, stale: 0, malformed: 0, cancelled: 0, republished: 0, republishedLanded: 0, held: 0, revoked: 0, checked: 0 };
   private readonly startedMs = Date.now();
   private heartbeatTimer: NodeJS.Timeout | null = null;
