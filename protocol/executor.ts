@@ -348,7 +348,6 @@ export class Executor {
 
   private async onMessage(m: JsMsg): Promise<void> {
     const receivedMono = performance.now();
-    const receivedMs = Date.now();
     const d = decodeDispatch(m.data);
     if (!d.ok) {
       this.stats.malformed++;
@@ -394,7 +393,7 @@ export class Executor {
       // runs' fire time stands in, as before.
       const staleAfter = this.opts.staleCheckAfterMs ?? 2000;
       const suspect = fresh.filter((r) => expired.has(r.runId) || m.info.deliveryCount > 1
-        || receivedMs - (sentAt ?? r.firedAt) > staleAfter);
+        || now - (sentAt ?? r.firedAt) > staleAfter);
       this.stats.checked += suspect.length;
       const verdicts: Map<string, string> & { answered?: boolean } = suspect.length ? await this.checkRuns(suspect) : new Map<string, string>();
       for (const run of fresh) {
