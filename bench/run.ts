@@ -20,7 +20,7 @@
  *   --xcheck-tolerance MS  how far p50/p99 may be from the runs table's own figures (20)
  * Exploration (rows are labelled with what differs and never feed the table or the targets):
  *   --shards N  --tick MS  --max-in-flight N  --concurrency N (executor)  --event-flush MS
- *   --node-flags "..."  --tasks N  --rate R  --warmup N (other than the default)
+ *   --node-flags "..."  --env AX_NAME=value (a node setting; repeatable)  --tasks N  --rate R  --warmup N (other than the default)
  *   --window S (max-rate step length; 10, quick 3)  --budget S (max-rate time bound; 360, quick 60)
  */
 import { execSync } from "node:child_process";
@@ -69,6 +69,14 @@ const log = (...a: unknown[]) => process.stderr.write(`[bench ${new Date().toISO
  */
 const EXECUTOR_CONCURRENCY = PEER_CONCURRENCY;
 const nodeFlags = (opt("node-flags") ?? "").split(" ").filter(Boolean);
+/** `--env K=V` (repeatable): a node setting for an exploration (AX_TASK_WRITE_DEFER=0s, say), labelled. */
+const nodeEnv: Record<string, string> = {};
+argv.forEach((a, i) => {
+  if (a !== "--env") return;
+  const m = /^(AX_[A-Z0-9_]+)=(.*)$/.exec(argv[i + 1] ?? "");
+  if (!m) { process.stderr.write(`--env takes AX_NAME=value, got ${JSON.stringify(argv[i + 1] ?? null)}\n`); process.exit(2); }
+  nodeEnv[m[1]!] = m[2]!;
+});
 const benchOpts: AxBenchOptions = {
   ...(num("shards") !== undefined ? { shards: num("shards")! } : {}),
   ...(num("tick") !== undefined ? { tickMs: num("tick")! } : {}),
@@ -77,6 +85,7 @@ const benchOpts: AxBenchOptions = {
   ...(num("event-flush") !== undefined ? { eventFlushMs: num("event-flush")! } : {}),
   cpuProfDir: opt("prof") ?? null,
   ...(nodeFlags.length ? { nodeFlags } : {}),
+  ...(Object.keys(nodeEnv).length ? { extraEnv: nodeEnv } : {}),
   crossCheckToleranceMs: num("xcheck-tolerance") ?? 20,
 };
 const DEFAULT_SHARDS = Number(ENV_DEFAULTS.AX_SHARDS);
@@ -91,6 +100,7 @@ function explorationOf(o: AxBenchOptions): string[] {
   if (o.executorConcurrency !== EXECUTOR_CONCURRENCY) out.push(`executor concurrency ${o.executorConcurrency}`);
   if (o.eventFlushMs !== undefined) out.push(`event flush ${o.eventFlushMs} ms`);
   if (o.nodeFlags?.length) out.push(`node flags ${o.nodeFlags.join(" ")}`);
+  for (const [k, v] of Object.entries(o.extraEnv ?? {})) out.push(`${k}=${v}`);
   if (isExploration(o) && !out.length) out.push("non-default node settings");
   return out;
 }
@@ -197,7 +207,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
   const sampler = verbose ? setInterval(() => {
     void b.nodeStatus().then((x) => {
       const y = x as { limiter?: unknown; shardTotals?: Record<string, number>; persister?: { batches: number; lastBatchMs: number } };
-      log("sample", JSON.stringify({ limiter: y.limiter, fired: y.shardTotals?.fired, finished: y.shardTotals?.finished, waited: y.shardTotals?.waited,
+      log("sample", JSON.stringify({ limiter: y.limiter, fired: y.shardTotals?.fired, finished: y.shardTotals?.finished, waited: y.shardTotals?.waited, deferredWrites: y.shardTotals?.deferredWrites, flushedWrites: y.shardTotals?.flushedWrites,
         batches: y.persister?.batches, lastBatchMs: Math.round(y.persister?.lastBatchMs ?? 0), ran: rec.distinct }));
     }, () => undefined);
   }, 1000) : null;

@@ -54,6 +54,8 @@ export interface AxConfig {
   leaseTtlMs: number;
   /** Longest a run whose dispatch sits undelivered in the stream waits past its timeout (0: not at all). */
   deliveryGraceMs: number;
+  /** Longest a fire may leave its task row unwritten, for the run's end to write both changes at once (0: written with each fire). */
+  taskWriteDeferMs: number;
   heartbeatMs: number;
   retentionMs: number;
   logLevel: string;
@@ -88,6 +90,7 @@ export const ENV_DEFAULTS: Record<string, string> = {
   AX_DEAD_AFTER: "8",
   AX_LEASE_TTL: "6s",
   AX_DELIVERY_GRACE: "30s",
+  AX_TASK_WRITE_DEFER: "2s",
   AX_HEARTBEAT: "1s",
   AX_RETENTION: "7d",
   AX_LOG_LEVEL: "info",
@@ -118,6 +121,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
   AX_DELIVERY_GRACE: "longest a run no executor has taken from the stream (none pulling, all full, a NATS leader election) waits past its timeout before it times out; 0s: not at all",
+  AX_TASK_WRITE_DEFER: "longest a fire may leave its task's row unwritten (the run's row is written at once), so that the run's end writes both changes in one update; a node that takes the shard over redoes such a fire from the run's row; 0s: the task row is written with each fire",
   AX_HEARTBEAT: "node membership heartbeat interval",
   AX_RETENTION: "how long run history is kept",
   AX_LOG_LEVEL: "pino log level (trace, debug, info, warn, error)",
@@ -393,6 +397,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     deadAfter: int("AX_DEAD_AFTER", get("AX_DEAD_AFTER"), 1, 1000),
     leaseTtlMs: dur("AX_LEASE_TTL", get("AX_LEASE_TTL")),
     deliveryGraceMs: dur("AX_DELIVERY_GRACE", get("AX_DELIVERY_GRACE"), { allowZero: true }),
+    taskWriteDeferMs: dur("AX_TASK_WRITE_DEFER", get("AX_TASK_WRITE_DEFER"), { allowZero: true }),
     heartbeatMs: dur("AX_HEARTBEAT", get("AX_HEARTBEAT")),
     retentionMs: dur("AX_RETENTION", get("AX_RETENTION")),
     logLevel: get("AX_LOG_LEVEL"),

@@ -95,6 +95,8 @@ export interface ApiDeps {
   limits?: ApiLimits;
   /** AX_MAX_IN_FLIGHT: the limit of an executor that registered none (shown by status). */
   defaultMaxInFlight?: number;
+  /** AX_TASK_WRITE_DEFER: a task row may point at a slot already fired that long (shards ls does not count it as lag). */
+  taskWriteDeferMs?: number;
 }
 
 export const shardOfTask = (id: number, shardCount: number) => hash32(`task:${id}`) % shardCount;
@@ -642,7 +644,9 @@ export class Api {
     const rows = await this.d.store.listShards();
     const counts = await this.d.store.countTasksByShard();
     const now = this.d.clock.now();
-    const oldest = await this.d.store.oldestOverdueByShard(now - 1000);
+    // A row keeps pointing at a fired slot until its run ends or AX_TASK_WRITE_DEFER passes
+    // (docs/CLUSTER.md): only a due time older than that and a second is lag.
+    const oldest = await this.d.store.oldestOverdueByShard(now - 1000 - (this.d.taskWriteDeferMs ?? 0));
     const lagBy = new Map([...oldest].map(([shard, dueMs]) => [shard, now - dueMs]));
     return rows.map((r) => ({ shard: r.shard, owner: r.owner, epoch: r.epoch, pinnedTo: r.pinnedTo, tasks: counts.get(r.shard)?.tasks ?? 0,
       dueSoon: counts.get(r.shard)?.dueSoon ?? 0, lagMs: lagBy.get(r.shard) ?? 0 }));

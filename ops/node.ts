@@ -196,6 +196,7 @@ export class AxNode {
       store: this.store, due: this.due, nc: this.nc, names: this.names, clock: this.clock, shardCount: this.shardCount,
       supervisor: this.supervisor, nodeId: this.id, status: () => this.status(), nodes: () => this.nodes(),
       limits: { payloadBytes: c.limits.payloadBytes, payloadDepth: c.limits.payloadDepth }, defaultMaxInFlight: c.maxInFlightPerExecutor,
+      taskWriteDeferMs: c.taskWriteDeferMs,
     });
     // The API: any node answers (queue group), so the CLI needs only a NATS URL.
     this.subs.push(this.nc.subscribe(this.names.apiSubject(">"), {
@@ -291,6 +292,7 @@ export class AxNode {
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, delivery: this.delivery, deliveryGraceMs: this.config.deliveryGraceMs, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
+      taskWriteDeferMs: this.config.taskWriteDeferMs,
       ...(this.config.spreadRate > 0 ? { perStep: this.perStep() } : {}),
       leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).

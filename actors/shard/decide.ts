@@ -67,6 +67,12 @@ export interface DecisionPorts {
   tell: (m: Mail) => void;
   /** The shard is active here (a place freed once it stopped goes to the next waiter). */
   active: () => boolean;
+  /**
+   * A fire may leave its task row to the task's next write (see fire, `deferrable`): the actor
+   * flushes it within AX_TASK_WRITE_DEFER and a next owner redoes it (replayFire). Off: every
+   * fire writes its task row with its run, as before.
+   */
+  deferFireWrites?: boolean;
 }
 
 /** What a round is decided with, besides its mail. */
@@ -106,7 +112,7 @@ export class ShardDecisions {
   /** Who owned the shard before (named by outage intervals in the ledger). */
   private prevOwner: { owner: string | null; epoch: number | null; sinceMs: number | null } = { owner: null, epoch: null, sinceMs: null };
   /** Counters for the node's status (`shardTotals`); rounds and mails show how much a round batches. */
-  readonly stats = { rounds: 0, mails: 0, fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0 };
+  readonly stats = { rounds: 0, mails: 0, fired: 0, finished: 0, skipped: 0, refused: 0, timedOut: 0, lastLateMs: 0, maxLateMs: 0, refusedEvents: 0, stuck: 0, waited: 0, deferredWrites: 0, flushedWrites: 0, replayedFires: 0 };
 
   constructor(private readonly p: DecisionPorts) {}
 
@@ -134,6 +140,33 @@ export class ShardDecisions {
     run.ref = this.p.horizon.addTimeout(deadline, r.id);
   }
 
+  /**
+   * A fire whose task-row write had not happened when its shard changed hands (see fire,
+   * `deferrable`): found at load as the task's latest run, `running`, due at the row's pointer,
+   * while the row lists nothing in flight. The row is brought forward as that fire left it: the
+   * same steps on the same row, with the run's id and its decision time (the run's createdMs) as
+   * `now`. The ledger rows those steps make were written with the run and are dropped here; the
+   * row goes out with `round`, its next due time with the round's due-index changes. False (and
+   * nothing changed) when the run is not what such a fire records. Call adoptRunning after.
+   */
+  replayFire(round: Round, lt: LiveTask, r: RunRow): boolean {
+    const row = lt.row;
+    const source = row.nextSource ?? "once";
+    if (row.nextDueMs !== r.dueMs || r.source !== source || r.slotMs !== row.nextSlotMs || r.triggerId !== row.nextTriggerId
+      || (row.record as TaskRecord).context.inFlight.length > 0 || source === "dependency" || source === "backfill" || source === "manual") return false;
+    const p: Pointer = { dueMs: r.dueMs, slotMs: row.nextSlotMs, triggerId: row.nextTriggerId, source, reason: row.nextReason ?? "", causedBy: row.nextCausedBy };
+    const now = r.createdMs;
+    if (!this.transition(lt, { type: "FIRE", runId: r.id, source }).ok) return false;
+    const dropped: ledger.LedgerInsert[] = [];
+    // fire's steps on the row, in its order: --max-runs, the slot's ledger entry, the next pointer.
+    if (source !== "retry") row.triggerSlots = countTaken(row, p.triggerId);
+    this.ledgerSlot(round, lt, p, source, source === "misfire" ? { outcome: "catch-up", runId: r.id } : { outcome: "run", runId: r.id }, now, dropped);
+    this.advanceAfterFire(round, lt, p, now, dropped);
+    round.touched.add(row.id);
+    this.stats.replayedFires++;
+    return true;
+  }
+
   /** Everything in flight is forgotten and its places given back (the shard stops or is fenced). */
   dropInFlight(): void {
     for (const run of this.inFlight.values()) this.p.limiter.release(run.executor, run.ahead);
@@ -147,7 +180,7 @@ export class ShardDecisions {
   newRound(): Round {
     return {
       write: { shard: this.p.shard, epoch: this.p.epoch, runInserts: [], runUpdates: [], taskUpdates: [], ledger: [] },
-      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(),
+      dispatch: new Map(), acks: [], naks: [], redisAdd: [], redisRemove: [], outcomes: [], replies: [], touched: new Set(), deferred: [],
     };
   }
 
@@ -200,6 +233,10 @@ export class ShardDecisions {
           break;
         case "refilled":
           this.p.horizon.refilled(round, m.items, (id) => this.live.get(id)?.row.nextDueMs);
+          break;
+        case "flush":
+          // Fires whose task-row write waited (see fire): written now, with whatever else changed.
+          for (const id of m.taskIds) if (this.live.has(id) && !round.touched.has(id)) { round.touched.add(id); this.stats.flushedWrites++; }
           break;
         case "capacity":
           if (canFire) this.guard(round, m.taskId, () => this.onDue(round, m.taskId, m.dueMs, now));
@@ -308,10 +345,10 @@ export class ShardDecisions {
   }
 
   /** What a fire decision did with a trigger's slot (retries, manual and dependency runs stand for none). */
-  private ledgerSlot(round: Round, lt: LiveTask, p: Pointer, source: RunSource, fate: ledger.SlotFate, now: number): void {
+  private ledgerSlot(round: Round, lt: LiveTask, p: Pointer, source: RunSource, fate: ledger.SlotFate, now: number, out = round.write.ledger!): void {
     if (p.triggerId === null || p.slotMs === null || source === "retry" || source === "manual" || source === "dependency") return;
     const f: ledger.SlotFate = source === "misfire" && fate.outcome !== "catch-up" && "runId" in fate ? { outcome: "catch-up", runId: fate.runId } : fate;
-    if (ledger.recordSlot(round.write.ledger!, lt.row, p.triggerId, p.slotMs, f, this.ledgerCtx(now))) round.touched.add(lt.row.id);
+    if (ledger.recordSlot(out, lt.row, p.triggerId, p.slotMs, f, this.ledgerCtx(now))) round.touched.add(lt.row.id);
   }
 
   private onDue(round: Round, taskId: number, dueMs: number, now: number): void {
@@ -324,6 +361,7 @@ export class ShardDecisions {
       reason: row.nextReason ?? "", causedBy: row.nextCausedBy,
     };
     const scheduled = p.source !== "retry" && p.source !== "misfire" && p.source !== "dependency";
+    let fromRow = true; // p is the row's own pointer (what a next owner can replay the fire from)
     if (scheduled && dueMs < now - GRACE_MS && p.source !== "delay" && !this.onlyBehind(row, p, now)) {
       // Came due while nobody owned the shard (node down, hand-over), or so long ago that later
       // slots passed too: the misfire policy decides.
@@ -332,8 +370,9 @@ export class ShardDecisions {
       if (!np) { this.setPointer(round, lt, null); return; }
       if (np.dueMs > now + this.p.tickMs) { this.setPointer(round, lt, np); return; } // skip: resume cadence
       p = np;
+      fromRow = false;
     }
-    this.fire(round, lt, p, now, {});
+    this.fire(round, lt, p, now, { mayDefer: fromRow });
   }
 
   /**
@@ -350,8 +389,14 @@ export class ShardDecisions {
     return next === null || next > now;
   }
 
-  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string; backfill?: (r: CommandReply) => void }): void {
+  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string; backfill?: (r: CommandReply) => void; mayDefer?: boolean }): void {
     const row = lt.row;
+    // The task row's write may wait for the run's end (AX_TASK_WRITE_DEFER) when a next owner
+    // can redo this fire from the row as PostgreSQL holds it: the row's own pointer, nothing else
+    // changed in this round before, nothing in flight (so the run is the task's latest), decided
+    // within the lead (a run spread seconds ahead is written at once).
+    const deferrable = opts.mayDefer === true && this.p.deferFireWrites === true && !round.touched.has(row.id)
+      && (row.record as TaskRecord).context.inFlight.length === 0 && !this.spreadAhead(p.dueMs, now);
     const runId = opts.runId ?? newRunId(now);
     const source: RunSource = opts.manual ? "manual" : p.source;
     // Decided ahead of its due time: dispatched (released) at the due time, recorded as fired then.
@@ -459,6 +504,14 @@ export class ShardDecisions {
     if (opts.manual) { const reply = opts.manual.reply; round.replies.push(() => reply({ ok: true, value: { runId } })); }
     if (advanceSchedule) this.advanceAfterFire(round, lt, p, now);
     else round.touched.add(row.id);
+    if (deferrable && advanceSchedule && lt.stuck === undefined) {
+      // The run row is written with this round; the task row with its next change (the run's end,
+      // most often) or at the latest AX_TASK_WRITE_DEFER from now (the actor's flush). Until then
+      // PostgreSQL holds the row as it was before this fire, and a next owner redoes it (replayFire).
+      round.touched.delete(row.id);
+      round.deferred.push(row.id);
+      this.stats.deferredWrites++;
+    }
     // A withdrawal gives back only what this fire moved. A retry takes no slot and accounts none:
     // giving back the values it merely saw would undo what runs fired after it moved (its task's
     // next slots fire meanwhile), and the ledger would account their slots a second time.
@@ -493,13 +546,13 @@ export class ShardDecisions {
   }
 
   /** After a scheduled slot fired (or was skipped): remember the slot, point at the next one. */
-  private advanceAfterFire(round: Round, lt: LiveTask, p: Pointer, now: number): void {
+  private advanceAfterFire(round: Round, lt: LiveTask, p: Pointer, now: number, ledgerOut = round.write.ledger!): void {
     const row = lt.row;
     // Slots only move forward: a catch-up for an older skipped slot never rewinds the cadence.
     const key = String(p.triggerId);
     if (p.triggerId !== null && p.slotMs !== null && p.source !== "retry" && p.slotMs > (row.triggerSlots[key] ?? -Infinity)) row.triggerSlots = withSlot(row.triggerSlots, key, p.slotMs);
     // Decided more than the grace late (a retry, a catch-up, a busy node): later slots may be past too.
-    if (p.slotMs !== null && p.slotMs < now - GRACE_MS) ledger.recordMisfireGap(round.write.ledger!, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
+    if (p.slotMs !== null && p.slotMs < now - GRACE_MS) ledger.recordMisfireGap(ledgerOut, row, { kind: "behind" }, this.ledgerCtx(now), { graceMs: GRACE_MS });
     // A fixed-delay trigger counts from completion: nothing is due until the run ends.
     this.setPointer(round, lt, this.nextOf(round, lt, now));
   }

@@ -1,6 +1,6 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
-import { AxError, type Clock, type Logger, type Names } from "../../common/index.ts";
+import { AxError, type Clock, type Logger, type Names, type TimerHandle } from "../../common/index.ts";
 import {
   EventCatchUp, connectionUptime, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
@@ -28,6 +28,14 @@ export type { CommandReply, ShardCommand, ShardEvents } from "./types.ts";
  * against 994 (PostgreSQL 126 against 172). A run is still never published before its due time.
  */
 export const DECIDE_STEP_MS = 100;
+
+/**
+ * How far past a shard's load a fire found unwritten on its task row may be due (see
+ * ShardActor.start): such a fire was decided at most the lead and a step before its due time, by
+ * a node whose clock may run ahead of this one's. Clocks further apart than this (less the lead)
+ * would let a next owner miss the fire and fire its slot again.
+ */
+export const UNWRITTEN_FIRE_CLOCK_MARGIN_MS = 60_000;
 
 export interface ShardActorDeps {
   nodeId: string;
@@ -71,6 +79,11 @@ export interface ShardActorDeps {
    * executor that holds them outside the in-flight limit (see InFlightLimiter.tryAcquireAhead).
    */
   perStep?: number;
+  /**
+   * Longest a fire may leave its task row unwritten (AX_TASK_WRITE_DEFER; default 2 s, 0: never):
+   * the run's end, most often within it, writes the fire's change and its own in one update.
+   */
+  taskWriteDeferMs?: number;
   /** Lease still valid? Checked before anything is fired. */
   leaseValid: () => boolean;
   /**
@@ -149,12 +162,17 @@ export class ShardActor implements EventSink {
   private prevOwnerNode: string | null = null;
   private readonly calendars: CalendarCache;
   readonly stats: ShardDecisions["stats"];
+  /** Tasks fired whose row a round has not written since (Round.deferred), with when (monotonic): flushed by taskWriteDeferMs. */
+  private readonly unwrittenFires = new Map<number, number>();
+  private flushTimer: TimerHandle | null = null;
+  private readonly taskWriteDeferMs: number;
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
     this.calendars = new CalendarCache((names) => loadCalendars(deps.store.pool, names), deps.clock);
     this.shard = shard;
     this.epoch = epoch;
     this.d = deps;
+    this.taskWriteDeferMs = deps.taskWriteDeferMs ?? 2000;
     this.log = deps.log.child({ shard, epoch });
     // The shard's events come through its node's consumer (v2) and its own (v1, forwarded): a
     // timeout waits until both have applied what was published before it.
@@ -189,7 +207,7 @@ export class ShardActor implements EventSink {
       spreadAheadMs: this.horizon.leadMs + this.horizon.decideStepMs + deps.tickMs,
       calendars: this.calendars,
       persister: deps.persister, catchUp: this.catchUp, delivery: deps.delivery, deliveryGraceMs: deps.deliveryGraceMs, dispatchSecret: deps.dispatchSecret, events: deps.events, random: deps.random,
-      tell: (m) => this.tell(m), active: () => this.state === "active",
+      tell: (m) => this.tell(m), active: () => this.state === "active", deferFireWrites: this.taskWriteDeferMs > 0,
     });
     this.stats = this.decisions.stats;
     this.out = new ShardEffects({
@@ -213,16 +231,30 @@ export class ShardActor implements EventSink {
     const prevOwner = await new LedgerStore(this.d.store.pool).previousOwner(this.shard);
     this.prevOwnerNode = prevOwner.owner;
     this.decisions.acquired(acquiredMs, prevOwner);
-    const dueRows = await this.d.store.dueOfShard(this.shard);
-    await this.d.due.rebuild(this.shard, dueRows);
     const running = await this.d.store.runningRuns(this.shard);
-    const now = this.d.clock.now();
-    const owners = await this.d.store.fetchTasks(this.shard, [...new Set(running.map((r) => r.taskId))]);
+    // Fires whose task rows were not written yet when the shard changed hands (see
+    // ShardDecisions.fire): their rows still point at the runs' slots, and would fire them again.
+    const unwritten = await this.d.store.firesNotOnTaskRow(this.shard,
+      this.d.clock.now() + this.horizon.leadMs + this.horizon.decideStepMs + UNWRITTEN_FIRE_CLOCK_MARGIN_MS);
+    const owners = await this.d.store.fetchTasks(this.shard, [...new Set([...running, ...unwritten].map((r) => r.taskId))]);
     for (const row of owners) this.decisions.live.set(row.id, liveTask(row));
+    const replay = this.decisions.newRound();
+    for (const r of unwritten) {
+      const lt = this.decisions.live.get(r.taskId);
+      if (!lt || !this.decisions.replayFire(replay, lt, r)) this.log.warn({ taskId: r.taskId, runId: r.id }, "a running run its task row does not show, and not a fire to redo: tracked until it ends or times out");
+      running.push(r);
+    }
+    if (replay.touched.size) this.log.warn({ runs: replay.touched.size }, "redid fires whose task rows the previous owner had not written");
+    // The rows as redone point past the runs' slots: their stale due times stay out of the index.
+    const dueRows = (await this.d.store.dueOfShard(this.shard)).filter((e) => !replay.touched.has(e.id));
+    await this.d.due.rebuild(this.shard, dueRows);
+    const now = this.d.clock.now();
     for (const r of running) this.decisions.adoptRunning(r, now);
     const republished = await this.out.republishUnstarted(running, now);
     if (republished) this.log.warn({ runs: republished }, "re-published runs the previous owner recorded but no executor started");
     this.state = "active";
+    // Written before anything else of the shard: the rows as redone, and their next due times.
+    if (replay.touched.size) this.submitRound(replay, []);
     this.horizon.start();
     await this.horizon.refill();
     await this.consumers.start();
@@ -362,7 +394,15 @@ export class ShardActor implements EventSink {
    * stale, the shard stops and is loaded afresh from PostgreSQL.
    */
   private submitRound(round: Round, batch: Mail[]): void {
-    for (const id of round.touched) this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
+    if (round.deferred.length) {
+      const now = this.d.clock.monotonic(); // (a wall clock stepped back must not hold the flush)
+      for (const id of round.deferred) if (!this.unwrittenFires.has(id)) this.unwrittenFires.set(id, now);
+    }
+    for (const id of round.touched) {
+      this.unwritten.set(id, (this.unwritten.get(id) ?? 0) + 1);
+      this.unwrittenFires.delete(id);
+    }
+    if (this.unwrittenFires.size && this.flushTimer === null) this.scheduleFlush();
     // (decisions write no task updates themselves: the round's are exactly the changed rows it touched)
     round.write.taskUpdates = taskUpdatesOf(round.touched, this.decisions.live);
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
@@ -436,6 +476,31 @@ export class ShardActor implements EventSink {
     this.evictable.clear();
   }
 
+  /**
+   * Fires whose task rows a round has not written within taskWriteDeferMs are written by a round
+   * of their own (flush mail), so readers of the row (`ax task show`) see them that late at most.
+   */
+  private scheduleFlush(): void {
+    const oldest = this.unwrittenFires.values().next();
+    if (oldest.done) return;
+    const wait = Math.max(0, oldest.value + this.taskWriteDeferMs - this.d.clock.monotonic());
+    this.flushTimer = this.d.clock.setTimeout(() => {
+      this.flushTimer = null;
+      if (this.state !== "active") return;
+      const due = this.d.clock.monotonic() - this.taskWriteDeferMs;
+      const ids: number[] = [];
+      // In insertion order, which is the order of their fires: the first one not due ends the walk.
+      for (const [id, since] of this.unwrittenFires) { if (since > due) break; ids.push(id); }
+      for (const id of ids) this.unwrittenFires.delete(id);
+      if (ids.length) this.tell({ t: "flush", taskIds: ids });
+      this.scheduleFlush();
+    }, wait);
+  }
+
+  private clearFlush(): void {
+    if (this.flushTimer !== null) { this.d.clock.clearTimeout(this.flushTimer); this.flushTimer = null; }
+  }
+
   // ---- stopping -----------------------------------------------------------------------------
 
   /** Planned hand-over: stop firing, finish the current round, give due times back to Redis. */
@@ -447,6 +512,10 @@ export class ShardActor implements EventSink {
     // A refill in flight has taken entries from Redis: let it finish so its mail is handled
     // (and the entries come back to Redis with the rest of the wheel below).
     await this.horizon.settled();
+    // Fires whose task rows wait: written now, so the next owner has nothing to redo.
+    this.clearFlush();
+    if (this.unwrittenFires.size) this.tell({ t: "flush", taskIds: [...this.unwrittenFires.keys()] });
+    this.unwrittenFires.clear();
     await this.quiet();
     await this.effects;
     await this.out.released();
@@ -470,6 +539,7 @@ export class ShardActor implements EventSink {
   fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
+    this.clearFlush(); // the rows not written are the next owner's to redo (see start)
     // The releaser thread publishes none of this shard's runs from here on (the node's own
     // release path asks whether the shard is still releasable, as before).
     this.d.persister.revoke(this.shard);

@@ -122,7 +122,9 @@ export type Mail =
   /** Due entries taken from Redis for the near horizon (taken outside the round, see Horizon.refill). */
   | { t: "refilled"; items: Array<{ id: number; dueMs: number }> }
   /** The node's limiter gave this waiting task a place at its executor (see InFlightLimiter). */
-  | { t: "capacity"; taskId: number; dueMs: number; executor: string };
+  | { t: "capacity"; taskId: number; dueMs: number; executor: string }
+  /** Task rows whose fire's write waited (Round.deferred): written with this round. */
+  | { t: "flush"; taskIds: number[] };
 
 /**
  * The plan of one round: what the decisions wrote down for the actor to carry out once the
@@ -136,4 +138,6 @@ export interface Round extends DueIndexChanges {
   outcomes: Outcome[];
   replies: Array<() => void>;
   touched: Set<number>;
+  /** Tasks this round fired without writing their rows (see ShardDecisions.fire): the actor flushes them later. */
+  deferred: number[];
 }

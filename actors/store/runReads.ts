@@ -66,6 +66,20 @@ export class RunReads {
       where t.shard = $1 and t.record ? 'f' and r.state = 'running'`, [shard]);
     return r.rows.map(toRun);
   }
+  /**
+   * Runs whose fire the task row does not show (a fire may leave the row to the task's next write,
+   * see ShardDecisions.fire): for each task of `shard` with nothing in flight and a pointer due by
+   * `dueByMs`, a `running` run among its latest 8 due at that pointer. Read when a shard is loaded,
+   * beside runningRuns; the tasks are read through tasks_shard and their runs through
+   * runs_task_created (a few index entries a task, however long its history).
+   */
+  async firesNotOnTaskRow(shard: number, dueByMs: number): Promise<RunRow[]> {
+    const r = await this.pool.query(`select r.* from tasks t
+      cross join lateral (select * from runs x where x.task_id = t.id order by x.created_ms desc limit 8) r
+      where t.shard = $1 and t.next_due_ms <= $2 and not coalesce(t.record ? 'f', false)
+        and r.state = 'running' and r.due_ms = t.next_due_ms`, [shard, dueByMs]);
+    return r.rows.map(toRun);
+  }
   async lastRunOf(taskId: number): Promise<RunRow | null> {
     const r = await this.pool.query("select * from runs where task_id = $1 and state <> 'skipped' order by created_ms desc limit 1", [taskId]);
     return r.rowCount ? toRun(r.rows[0]) : null;

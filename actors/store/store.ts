@@ -208,6 +208,8 @@ export class Store {
   getRun(id: string): Promise<RunRow | null> { return this.runs.getRun(id); }
   getRuns(ids: string[]): Promise<RunRow[]> { return this.runs.getRuns(ids); }
   runningRuns(shard: number): Promise<RunRow[]> { return this.runs.runningRuns(shard); }
+  /** Runs `running` whose fire the task row does not show yet (see RunReads.firesNotOnTaskRow). */
+  firesNotOnTaskRow(shard: number, dueByMs: number): Promise<RunRow[]> { return this.runs.firesNotOnTaskRow(shard, dueByMs); }
   lastRunOf(taskId: number): Promise<RunRow | null> { return this.runs.lastRunOf(taskId); }
   dispatchReplay(ids: string[]): Promise<Array<{ id: string; executor: string; node: string; releasedShards: number[] | null; runs: Array<RunRow & { payload: unknown; timeoutMs: number }> }>> { return this.runs.dispatchReplay(ids); }
   /** Notes that a recorded message goes out with the runs of these shards only (see replayParts). */

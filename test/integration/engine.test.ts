@@ -250,6 +250,70 @@ describe("engine v2", () => {
     expect(r.rows[0].n).toBe(tasks.length); // the recorded runs themselves, not retries
   });
 
+  it("kill -9 while fires' task rows wait to be written: the next owner redoes those fires from their runs and fires no slot twice", async () => {
+    // A minute of AX_TASK_WRITE_DEFER: no row is written before the kill but by a run's end.
+    tc = new TestCluster("engw", { AX_LEAD: "3s", AX_TASK_WRITE_DEFER: "60s" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    const starts: Start[] = [];
+    const ex = await tc.startExecutor("w", recordInto(starts));
+    const victim = tc.spawn(["node", "--id", "w1"]);
+    await ex.registered;
+    const client = await tc.client();
+    const due = Date.now() + 9000;
+    const once = Array.from({ length: 12 }, (_, i) => ({ name: `o${i}`, executor: "w", at: new Date(due).toISOString() }));
+    const every = Array.from({ length: 4 }, (_, i) => ({ name: `r${i}`, executor: "w", every: "2s" }));
+    await waitFor(async () => { try { await client.call("task.bulkCreate", { tasks: [...once, ...every] }); return true; } catch { return false; } }, 10_000, "bulk create through w1");
+    await waitFor(async () => {
+      const r = await store!.pool.query("select count(*)::int as n from runs where state = 'running' and started_ms is null and source = 'once'");
+      return r.rows[0].n === once.length;
+    }, 8000, "the one-shots' runs recorded ahead");
+    expect(Date.now()).toBeLessThan(due - 500);
+    // The fires are recorded on the runs; their task rows still point at the slots.
+    for (const t of once) {
+      const row = (await store.getTask(t.name))!;
+      expect([row.state, row.nextDueMs], `${t.name} as PostgreSQL holds it`).toEqual(["pending", due]);
+    }
+    victim.kill("SIGKILL");
+    const next = await tc.startNode("w2");
+    await waitFor(() => once.every((t) => starts.some((s) => s.task === t.name)), 30_000, "every recorded one-shot run dispatched by the next owner");
+    await sleep(4000); // rate slots keep coming meanwhile
+    for (const t of once) expect(starts.filter((s) => s.task === t.name), `${t.name} ran once`).toHaveLength(1);
+    for (const s of starts.filter((x) => x.task.startsWith("o"))) expect(s.startedAt, `${s.task} started before its due time`).toBeGreaterThanOrEqual(due);
+    // No slot of any task ran twice: one run row per (task, slot), and one start per run.
+    const slots = await store.pool.query("select task_name, slot_ms, count(*)::int as n from runs where state <> 'skipped' group by 1, 2 having count(*) > 1");
+    expect(slots.rows).toEqual([]);
+    expect(new Set(starts.map((s) => s.runId)).size).toBe(starts.length);
+    // The redone rows went on from the runs: the one-shots ended, nothing left pointing at their slot.
+    await waitFor(async () => { for (const t of once) if ((await store!.getTask(t.name))!.state !== "success") return false; return true; }, 10_000, "one-shot rows brought forward and ended");
+    for (const t of once) expect((await store.getTask(t.name))!.nextDueMs).toBeNull();
+    const totals = (await next.status()) as { shardTotals?: { replayedFires?: number } };
+    expect(totals.shardTotals?.replayedFires ?? 0, "fires redone by w2").toBeGreaterThanOrEqual(once.length);
+  });
+
+  it("a fire's task row waits for the run's end at most AX_TASK_WRITE_DEFER: a long run shows `running` on its row while it runs", async () => {
+    tc = new TestCluster("engl", { AX_TASK_WRITE_DEFER: "300ms" });
+    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => { release = r; });
+    const starts: Start[] = [];
+    await tc.startNode("l1");
+    await tc.waitForShards();
+    const ex = await tc.startExecutor("w", async (ctx: RunContext) => { recordInto(starts)(ctx); await gate; });
+    await ex.registered;
+    const client = await tc.client();
+    await client.call("task.create", { name: "long", executor: "w", delay: "200ms", timeout: "60s" });
+    await waitFor(() => starts.length === 1, 10_000, "the run started");
+    try {
+      // Still running (the handler waits): only the flush can have written the fire to the row.
+      const row = await waitFor(async () => { const t = await store!.getTask("long"); return t?.state === "running" ? t : null; }, 3000, "the row shows the fire");
+      expect((row.record as { context: { inFlight: string[] } }).context.inFlight).toEqual([starts[0]!.runId]);
+      expect((await runsOf(store, "long"))[0]!.state).toBe("running");
+    } finally {
+      release();
+    }
+    await waitFor(async () => (await runsOf(store!, "long"))[0]?.state === "success", 10_000, "the run's end written");
+  });
+
   it("a completion sent to a node that died reaches the shard's next owner through the drain of its consumer", async () => {
     tc = new TestCluster("engd", { AX_LEAD: "100ms" });
     store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });

@@ -4,17 +4,21 @@ import { loadConfig, names, parseDuration, formatDuration, SimulatedClock } from
 describe("configuration", () => {
   it("uses the documented defaults", () => {
     const c = loadConfig({});
-    expect(c).toMatchObject({ natsUrl: "nats://127.0.0.1:4222", redisUrl: "redis://127.0.0.1:6379", pgUrl: "postgres://postgres@127.0.0.1:5432/ax", namespace: "ax", shardCount: 64, leaseTtlMs: 6000, deliveryGraceMs: 30_000 });
+    expect(c).toMatchObject({ natsUrl: "nats://127.0.0.1:4222", redisUrl: "redis://127.0.0.1:6379", pgUrl: "postgres://postgres@127.0.0.1:5432/ax", namespace: "ax", shardCount: 64, leaseTtlMs: 6000, deliveryGraceMs: 30_000, taskWriteDeferMs: 2000 });
   });
   it("takes a delivery grace of 0s (no wait for delivery)", () => {
     expect(loadConfig({ AX_DELIVERY_GRACE: "0s" }).deliveryGraceMs).toBe(0);
+  });
+  it("takes a task write deferral of 0s (the task row written with each fire)", () => {
+    expect(loadConfig({ AX_TASK_WRITE_DEFER: "0s" }).taskWriteDeferMs).toBe(0);
+    expect(loadConfig({ AX_TASK_WRITE_DEFER: "750ms" }).taskWriteDeferMs).toBe(750);
   });
   it("flags override the environment", () => {
     expect(loadConfig({ AX_NAMESPACE: "a" }, { AX_NAMESPACE: "b" }).namespace).toBe("b");
   });
   it.each([
     ["AX_NAMESPACE", "Bad-Name"], ["AX_NAMESPACE", "x".repeat(40)], ["AX_NATS_URL", "http://x"], ["AX_PG_URL", "nope"],
-    ["AX_SHARDS", "0"], ["AX_SHARDS", "12.5"], ["AX_LEASE_TTL", "6x"], ["AX_LEASE_TTL", "100ms"], ["AX_DELIVERY_GRACE", "-1s"], ["AX_DELIVERY_GRACE", "soon"], ["AX_LOG_LEVEL", "loud"], ["AX_REPLICAS", "0"], ["AX_REPLICAS", "2"], ["AX_REPLICAS", "7"], ["AX_REPLICAS", "three"],
+    ["AX_SHARDS", "0"], ["AX_SHARDS", "12.5"], ["AX_LEASE_TTL", "6x"], ["AX_LEASE_TTL", "100ms"], ["AX_DELIVERY_GRACE", "-1s"], ["AX_DELIVERY_GRACE", "soon"], ["AX_TASK_WRITE_DEFER", "-2s"], ["AX_TASK_WRITE_DEFER", "later"], ["AX_LOG_LEVEL", "loud"], ["AX_REPLICAS", "0"], ["AX_REPLICAS", "2"], ["AX_REPLICAS", "7"], ["AX_REPLICAS", "three"],
   ])("refuses %s=%s naming the variable and value", (k, v) => {
     try { loadConfig({ [k]: v }); expect.unreachable(); } catch (e) {
       expect(e).toMatchObject({ code: "AX_E_CONFIG", field: k, value: v });
