@@ -29,8 +29,10 @@ export function exitCodeOf(e: unknown): number {
 }
 
 function envHelp(): string {
-  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(18)} ${ENV_DOCS[k]}${ENV_DEFAULTS[k] === undefined ? "" : ` [${ENV_DEFAULTS[k]}]`}`).join("\n") +
-    "\n" + Object.keys({ ...NATS_AUTH_DOCS, ...OPTIONAL_DOCS }).map((k) => `  ${k.padEnd(18)} ${NATS_AUTH_DOCS[k] ?? OPTIONAL_DOCS[k]}`).join("\n") + "\n";
+  // One column for the names, as wide as the longest of the main list (a longer optional one takes a line's room).
+  const w = Math.max(...Object.keys(ENV_DOCS).map((k) => k.length));
+  return "\nEnvironment (flags override):\n" + Object.keys(ENV_DOCS).map((k) => `  ${k.padEnd(w)} ${ENV_DOCS[k]}${ENV_DEFAULTS[k] === undefined ? "" : ` [${ENV_DEFAULTS[k]}]`}`).join("\n") +
+    "\n" + Object.keys({ ...NATS_AUTH_DOCS, ...OPTIONAL_DOCS }).map((k) => `  ${k.padEnd(w)} ${NATS_AUTH_DOCS[k] ?? OPTIONAL_DOCS[k]}`).join("\n") + "\n";
 }
 
 /** Global flags → the variables they override. */
