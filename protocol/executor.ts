@@ -176,6 +176,8 @@ const routeOf = (batch: DispatchBatch, run: DispatchRun): Route =>
  * window was 5 ms): handlers use the run id as an idempotency key (README, Limits).
  */
 export const EVENT_FLUSH_MS = 20;
+/** Largest event message sent (NATS's default max_payload is 1 MB). */
+const MAX_EVENT_MESSAGE_BYTES = 768 * 1024;
 
 /**
  * The executor SDK. Pulls dispatch batches from the executor's durable consumer, runs the
@@ -233,6 +235,8 @@ export class Executor {
   private pending = new Map<string, { route: Route; events: RunEvent[] }>();
   private flushTimer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> = Promise.resolve();
+  /** A flush is queued behind the one being stored and has not taken the buffered events yet. */
+  private flushQueued = false;
   /** Settled by the next flush: what a dispatch waits on before its ack (see eventsStored). */
   private nextFlush: { promise: Promise<void>; resolve: () => void; reject: (e: unknown) => void } | null = null;
   private loop: Promise<void> | null = null;
@@ -649,7 +653,7 @@ export class Executor {
     let p = this.pending.get(route.key);
     if (!p) { p = { route, events: [] }; this.pending.set(route.key, p); }
     p.events.push(ev);
-    if (p.events.length >= 500) void this.flush().catch(() => undefined); // (logged in flush)
+    if (p.events.length >= 500 && !this.flushQueued) void this.flush().catch(() => undefined); // (logged in flush)
     else if (!this.flushTimer) this.flushTimer = setTimeout(() => { void this.flush().catch(() => undefined); }, this.opts.eventFlushMs ?? EVENT_FLUSH_MS);
     return p.events;
   }
@@ -672,32 +676,60 @@ export class Executor {
     return this.nextFlush.promise;
   }
 
-  /** Publishes every buffered event; resolves when JetStream stored them (and anything flushed before). */
+  /**
+   * Publishes every buffered event; resolves when JetStream stored them (and anything flushed
+   * before). The events are taken when the previous flush is done, not when this one is asked
+   * for: while one batch is being stored, everything since waits and goes out in the next, one
+   * flush queued at a time. Taking them at the ask queued a flush per 500 events, stored one
+   * after the other, which held an executor to about 500 events per publish round trip, below
+   * the seed's 8,200 completions a second on a busy box.
+   */
   flush(): Promise<void> {
     if (this.flushTimer) { clearTimeout(this.flushTimer); this.flushTimer = null; }
-    const batches = [...this.pending.values()];
-    this.pending = new Map();
-    const waiting = this.nextFlush;
-    this.nextFlush = null;
+    if (this.flushQueued) return this.flushing; // the queued one takes everything buffered when it starts
+    this.flushQueued = true;
     const prev = this.flushing;
     this.flushing = (async () => {
       // An earlier batch that could not be published was logged and failed its own waiters; it
       // must not stop this one.
       await prev.catch(() => undefined);
-      await Promise.all(batches.map(async ({ route, events }) => {
-        const msgID = `e:${this.instance}:${++this.eventSeq}`;
-        const [subject, data] = route.node !== null
-          ? [this.n.nodeEventsSubject(route.node), encode({ v: 2, executor: this.name, instance: this.instance, node: route.node, events })]
-          : [this.n.eventsSubject(route.shard), encode({ v: 1, executor: this.name, instance: this.instance, shard: route.shard, events })];
-        await this.publishEvents(subject, data, msgID).catch((e) => {
-          this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published");
-          throw e;
-        });
-        this.recent.note(subject, data, msgID);
-      }));
+      this.flushQueued = false;
+      const batches = [...this.pending.values()];
+      this.pending = new Map();
+      const waiting = this.nextFlush;
+      this.nextFlush = null;
+      try {
+        await Promise.all(batches.map(({ route, events }) => this.publishRoute(route, events)));
+      } catch (e) {
+        waiting?.reject(e);
+        throw e;
+      }
+      waiting?.resolve();
     })();
-    if (waiting) this.flushing.then(waiting.resolve, waiting.reject);
     return this.flushing;
+  }
+
+  /**
+   * A route's buffered events, in order, in as few messages as fit: a message over
+   * MAX_EVENT_MESSAGE_BYTES (NATS refuses more than 1 MB by default; a result may be 8 KB) is
+   * split in two, and each half again if need be.
+   */
+  private async publishRoute(route: Route, events: RunEvent[]): Promise<void> {
+    const [subject, data] = route.node !== null
+      ? [this.n.nodeEventsSubject(route.node), encode({ v: 2, executor: this.name, instance: this.instance, node: route.node, events })]
+      : [this.n.eventsSubject(route.shard), encode({ v: 1, executor: this.name, instance: this.instance, shard: route.shard, events })];
+    if (data.byteLength > MAX_EVENT_MESSAGE_BYTES && events.length > 1) {
+      const half = Math.ceil(events.length / 2);
+      await this.publishRoute(route, events.slice(0, half));
+      await this.publishRoute(route, events.slice(half));
+      return;
+    }
+    const msgID = `e:${this.instance}:${++this.eventSeq}`;
+    await this.publishEvents(subject, data, msgID).catch((e) => {
+      this.log.error({ err: e, route: route.key, events: events.length }, "events could not be published");
+      throw e;
+    });
+    this.recent.note(subject, data, msgID);
   }
 
   /** One event batch, retried under the same msgID (JetStream de-duplicates a publish that did land). */

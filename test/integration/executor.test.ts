@@ -107,6 +107,38 @@ describe("executor SDK", () => {
     expect(ev[0]!.startedAt).toBeLessThanOrEqual(ev[0]!.at);
   });
 
+  it("600 runs returning 7 KB results each, finishing together: every completion arrives, in messages NATS accepts (under 1 MB)", async () => {
+    // 600 × 7 KB in one flush is 4 MB: sent as one message (or as 500 events, 3.5 MB, as before)
+    // NATS refuses it, the completions never arrive and the runs time out.
+    const name = "bigresults";
+    const runIds = Array.from({ length: 600 }, (_, i) => `r-big-${i}`);
+    const now = Date.now();
+    const runs: DispatchRun[] = runIds.map((runId, i) => ({ runId, taskId: 5000 + i, taskName: "big", attempt: 1, source: "manual", payload: { mode: "big" }, scheduledAt: now, firedAt: now, timeoutMs: 60_000 }));
+    const js = jetstream(nc);
+    for (let i = 0; i < runs.length; i += 100) {
+      await js.publish(n.dispatchSubject(name), encode({ v: 1, shard: 0, epoch: 1, node: "test", runs: runs.slice(i, i + 100) }), { msgID: `d:big:${i}` });
+    }
+    const completed = new Map<string, number>();
+    let largest = 0;
+    const sub = nc.subscribe(n.eventsWildcard, { callback: (_e, m) => {
+      largest = Math.max(largest, m.data.byteLength);
+      const d = decode(EventBatchSchema, m.data);
+      if (!d.ok) return;
+      for (const e of d.value.events) if (e.type === "completed" && e.runId.startsWith("r-big-")) completed.set(e.runId, JSON.stringify(e.result ?? null).length);
+    } });
+    await nc.flush();
+    const big = new Executor({ name, handler: () => "x".repeat(7000), namespace: tc.ns, natsUrl: tc.config.natsUrl, register: false, concurrency: 600, eventFlushMs: 300 });
+    try {
+      await big.start();
+      await waitFor(() => completed.size === runIds.length, 20_000, "every completion stored");
+      expect([...completed.values()].every((len) => len === 7002)).toBe(true); // the result, whole
+      expect(largest).toBeLessThan(1024 * 1024);
+    } finally {
+      sub.unsubscribe();
+      await big.stop();
+    }
+  });
+
   it("dispatches finishing within one flush interval share an event message, and each is acked only once its events are stored", async () => {
     // Its own executor name (its own dispatch consumer) and a long flush interval, so the ten
     // dispatches below, delivered together, all finish inside one interval.
