@@ -681,8 +681,8 @@ export class Executor {
    * before). The events are taken when the previous flush is done, not when this one is asked
    * for: while one batch is being stored, everything since waits and goes out in the next, one
    * flush queued at a time. Taking them at the ask queued a flush per 500 events, stored one
-   * after the other, which held an executor to about 500 events per publish round trip, below
-   * the seed's 8,200 completions a second on a busy box.
+   * after the other: at most 500 events per publish round trip (on the seed no effect stood out
+   * of the noise, bench/analysis.md, twenty-fifth round).
    */
   flush(): Promise<void> {
     if (this.flushTimer) { clearTimeout(this.flushTimer); this.flushTimer = null; }
