@@ -55,6 +55,17 @@ async function oneNode(prefix: string, nodeId: string, env: Record<string, strin
   return { tc, store, starts, node, client: await tc.client() };
 }
 
+/** A node spawned as its own process (to be killed with -9) and executor `w` noting each run's start. */
+async function victimNode(prefix: string, nodeId: string, env: Record<string, string>) {
+  tc = new TestCluster(prefix, env);
+  store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
+  const starts: Start[] = [];
+  const ex = await tc.startExecutor("w", recordInto(starts));
+  const victim = tc.spawn(["node", "--id", nodeId]);
+  await ex.registered;
+  return { tc, store, starts, victim, client: await tc.client() };
+}
+
 describe("engine v2", () => {
   // To an executor that does not hold runs (registered holdAhead: false). The default releases on
   // the node's main thread; AX_RELEASER=thread adds the backstop thread (actors/releaser).
@@ -223,13 +234,7 @@ describe("engine v2", () => {
   });
 
   it("kill -9 between record and release: the next owner publishes the recorded messages at their due time, each run once", async () => {
-    tc = new TestCluster("engk", { AX_LEAD: "3s" });
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    const victim = tc.spawn(["node", "--id", "k1"]);
-    await ex.registered;
-    const client = await tc.client();
+    const { tc, store, starts, victim, client } = await victimNode("engk", "k1", { AX_LEAD: "3s" });
     const due = Date.now() + 9000;
     const tasks = Array.from({ length: 16 }, (_, i) => ({ name: `k${i}`, executor: "w", at: new Date(due).toISOString() }));
     await waitFor(async () => { try { await client.call("task.bulkCreate", { tasks }); return true; } catch { return false; } }, 10_000, "bulk create through k1");
@@ -252,13 +257,7 @@ describe("engine v2", () => {
 
   it("kill -9 while fires' task rows wait to be written: the next owner redoes those fires from their runs and fires no slot twice", async () => {
     // A minute of AX_TASK_WRITE_DEFER: no row is written before the kill but by a run's end.
-    tc = new TestCluster("engw", { AX_LEAD: "3s", AX_TASK_WRITE_DEFER: "60s" });
-    store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
-    const starts: Start[] = [];
-    const ex = await tc.startExecutor("w", recordInto(starts));
-    const victim = tc.spawn(["node", "--id", "w1"]);
-    await ex.registered;
-    const client = await tc.client();
+    const { tc, store, starts, victim, client } = await victimNode("engw", "w1", { AX_LEAD: "3s", AX_TASK_WRITE_DEFER: "60s" });
     const due = Date.now() + 9000;
     const once = Array.from({ length: 12 }, (_, i) => ({ name: `o${i}`, executor: "w", at: new Date(due).toISOString() }));
     const every = Array.from({ length: 4 }, (_, i) => ({ name: `r${i}`, executor: "w", every: "2s" }));

@@ -1,8 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { SimulatedClock, silentLogger } from "../../common/index.ts";
+import { SimulatedClock } from "../../common/index.ts";
 import { runToken } from "../../protocol/index.ts";
 import { initialRecord, type TaskRecord } from "../../actors/machine/index.ts";
-import { InFlightLimiter } from "../../actors/limiter.ts";
 import { Horizon } from "../../actors/shard/horizon.ts";
 import { ShardDecisions, NONE_RECORDED } from "../../actors/shard/decide.ts";
 import { compiledOf } from "../../actors/shard/schedule.ts";
@@ -11,6 +10,7 @@ import { liveTask, written, type Mail, type Round } from "../../actors/shard/typ
 import { runsKey } from "../../actors/triggers/index.ts";
 import type { RunInsert, RunRow, TaskRow, TriggerRow } from "../../actors/store/index.ts";
 import { rng as mulberry32 } from "./cron-reference.ts";
+import { stubDecisions } from "../redo.ts";
 
 /**
  * A fire may leave its task row to the task's next write (AX_TASK_WRITE_DEFER): the run row is
@@ -26,22 +26,9 @@ const T0 = Date.UTC(2026, 2, 29, 0, 30); // the night Europe/London and Europe/B
 const SECRET = new Uint8Array(32).fill(5);
 
 function decisions(clock: SimulatedClock, defer: boolean) {
-  const limiter = new InFlightLimiter(1000);
-  const horizon = new Horizon({
-    shard: 1, tickMs: 20, wheelSize: 512, clock, log: silentLogger, horizonMs: 5000, leadMs: 100,
-    due: { rebuild: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
-    onDue: () => undefined, onRefilled: () => undefined, active: () => false,
-  });
-  const d = new ShardDecisions({
-    shard: 1, epoch: 2, nodeId: "n1", clock, log: silentLogger, tickMs: 20, limiter, horizon, spreadAheadMs: 220,
-    calendars: { exclusion: () => null },
-    persister: { withdraw: () => false, isPublishing: () => false, landedAt: () => undefined },
-    catchUp: { covers: () => true, request: () => undefined },
-    delivery: { status: () => "delivered", ask: () => undefined },
-    dispatchSecret: SECRET, random: () => 0.5, tell: () => undefined, active: () => true, deferFireWrites: defer,
-  });
-  d.acquired(T0 - 3_600_000, { owner: null, epoch: null, sinceMs: null });
-  return { d, horizon, limiter };
+  const x = stubDecisions(clock, { spreadAheadMs: 220, secret: SECRET, random: () => 0.5, active: true, deferFireWrites: defer });
+  x.d.acquired(T0 - 3_600_000, { owner: null, epoch: null, sinceMs: null });
+  return x;
 }
 
 const clone = <T>(x: T): T => structuredClone(x);
