@@ -426,7 +426,16 @@ export class ShardDecisions {
         if (reservedFor === row.executor) placed = waited = true; else this.p.limiter.release(reservedFor);
       }
       if (!placed && this.spreadAhead(p.dueMs, now)) placed = ahead = this.p.limiter.tryAcquireAhead(row.executor);
-      if (!placed && !this.p.limiter.tryAcquire(row.executor)) { this.waitForCapacity(round, lt, p.dueMs); return; }
+      if (!placed && !this.p.limiter.tryAcquire(row.executor)) {
+        // A catch-up the misfire policy dated (not the row's pointer) waits as the row's pointer:
+        // its capacity mail is decided from the row (onDue), which otherwise still named the
+        // missed slot, did not match the catch-up's due time, and the catch-up was dropped (the
+        // task then sat due in the past until its shard was next loaded). Written with the round,
+        // a next owner fires it as this catch-up too.
+        if (opts.mayDefer !== true) this.setPointer(round, lt, p);
+        this.waitForCapacity(round, lt, p.dueMs);
+        return;
+      }
       placed = true;
     }
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
@@ -528,6 +537,7 @@ export class ShardDecisions {
     const id = lt.row.id;
     // Written with the round: what this round decided about the task before it had to wait (the
     // ledger's watermark past slots it accounted, say) must not be lost if the shard moves now.
+    // (A row nothing changed is left out of the write: see taskUpdatesOf.)
     round.touched.add(id);
     if (this.waitingForCapacity.get(id) === dueMs) return;
     this.waitingForCapacity.set(id, dueMs);

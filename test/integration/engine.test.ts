@@ -56,11 +56,11 @@ async function oneNode(prefix: string, nodeId: string, env: Record<string, strin
 }
 
 /** A node spawned as its own process (to be killed with -9) and executor `w` noting each run's start. */
-async function victimNode(prefix: string, nodeId: string, env: Record<string, string>) {
+async function victimNode(prefix: string, nodeId: string, env: Record<string, string>, handler?: (ctx: RunContext) => Promise<void>) {
   tc = new TestCluster(prefix, env);
   store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 2 });
   const starts: Start[] = [];
-  const ex = await tc.startExecutor("w", recordInto(starts));
+  const ex = await tc.startExecutor("w", handler ? async (ctx) => { recordInto(starts)(ctx); await handler(ctx); } : recordInto(starts));
   const victim = tc.spawn(["node", "--id", nodeId]);
   await ex.registered;
   return { tc, store, starts, victim, client: await tc.client() };
@@ -288,6 +288,40 @@ describe("engine v2", () => {
     const totals = (await next.status()) as { shardTotals?: { replayedFires?: number } };
     expect(totals.shardTotals?.replayedFires ?? 0, "fires redone by w2").toBeGreaterThanOrEqual(once.length);
   });
+
+  it("kill -9 while runs wait for a place at a full executor: the next owner fires each missed slot once, as a catch-up", async () => {
+    let open!: () => void;
+    const gate = new Promise<void>((r) => { open = r; });
+    const { tc, store, starts, victim, client } = await victimNode("engq", "q1", { AX_MAX_IN_FLIGHT: "3" }, () => gate);
+    const due = Date.now() + 5000;
+    const once = Array.from({ length: 12 }, (_, i) => ({ name: `q${i}`, executor: "w", at: new Date(due + i * 10).toISOString() }));
+    await waitFor(async () => { try { await client.call("task.bulkCreate", { tasks: once }); return true; } catch { return false; } }, 10_000, "bulk create through q1");
+    // Three runs start and hold their places; the other nine wait in q1's limiter.
+    await waitFor(() => starts.length === 3, 15_000, "three runs started");
+    await sleep(500);
+    expect(starts).toHaveLength(3);
+    const waiting = once.filter((t) => !starts.some((x) => x.task === t.name));
+    // Waiting changed nothing of a row: PostgreSQL still holds each as created, due at its slot.
+    for (const t of waiting) {
+      const row = (await store.getTask(t.name))!;
+      expect([row.state, row.nextDueMs, row.updatedMs === row.createdMs], `${t.name} as PostgreSQL holds it`).toEqual(["pending", Date.parse(t.at), true]);
+    }
+    victim.kill("SIGKILL");
+    await tc.startNode("q2");
+    await sleep(1000);
+    open();
+    // The slots came due while nobody owned them: q2 fires each as one catch-up (misfire=once),
+    // three at a time, once the three adopted runs' ends reach it (drained from q1's consumer).
+    await waitFor(() => once.every((t) => starts.some((s) => s.task === t.name)), 45_000, "every task ran");
+    await sleep(1500);
+    for (const t of once) expect(starts.filter((s) => s.task === t.name), `${t.name} ran once`).toHaveLength(1);
+    expect(new Set(starts.map((s) => s.runId)).size).toBe(starts.length);
+    const doubled = await store.pool.query("select task_name, count(*)::int as n from runs where state not in ('skipped') group by 1 having count(*) > 1");
+    expect(doubled.rows).toEqual([]);
+    await waitFor(async () => { for (const t of once) if ((await store!.getTask(t.name))!.state !== "success") return false; return true; }, 15_000, "every row ended");
+    const sources = await store.pool.query("select source, count(*)::int as n from runs group by 1 order by 1");
+    expect(sources.rows).toEqual([{ source: "misfire", n: waiting.length }, { source: "once", n: 3 }]);
+  }, 120_000);
 
   it("a fire's task row waits for the run's end at most AX_TASK_WRITE_DEFER: a long run shows `running` on its row while it runs", async () => {
     tc = new TestCluster("engl", { AX_TASK_WRITE_DEFER: "300ms" });

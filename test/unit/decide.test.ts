@@ -160,6 +160,26 @@ describe("shard decisions: due slots", () => {
       },
     },
     {
+      name: "executor full after a catch-up re-dated the slot: the task is written pointing at the catch-up, which waits and fires when a place frees",
+      given: (s: Setup) => { s.limiter.force("e"); const row = s.add(tenSeconds(task(1, T0 - 45_000))); s.onWheel(row); return row; },
+      limit: 1,
+      acquiredMs: T0 - 1000,
+      check: (s: Setup, r: Round, row: TaskRow) => {
+        expect(r.write.runInserts).toEqual([]);
+        expect(r.write.ledger!.map((l) => l.reason)).toEqual(["outage"]);
+        expect(r.touched.has(1)).toBe(true);
+        expect([row.nextDueMs, row.nextSource]).toEqual([T0, "misfire"]);
+        expect(s.limiter.waiting("e")).toBe(1);
+        s.limiter.release("e");
+        expect(s.told).toEqual([{ t: "capacity", taskId: 1, dueMs: T0, executor: "e" }]);
+        // Its capacity mail fires the catch-up (it was dropped: the row still named the missed slot).
+        const woken = s.decide([s.told[0]!]);
+        expect(woken.write.runInserts.map((x) => [x.source, x.dueMs])).toEqual([["misfire", T0]]);
+        expect(woken.write.ledger, "the gap went in with the wait, as it goes in with a catch-up fired at once").toEqual([]);
+        expect(row.nextDueMs).toBe(T0 + 5000);
+      },
+    },
+    {
       name: "lease not valid: back to the due index, nothing fired",
       given: (s: Setup) => { const row = s.add(task(1, T0)); s.onWheel(row); return row; },
       canFire: false,
