@@ -208,6 +208,7 @@ async function axStep(b: AxBench, prefix: string, tasks: number, dueOf: (T0: num
     void b.nodeStatus().then((x) => {
       const y = x as { limiter?: unknown; shardTotals?: Record<string, number>; persister?: { batches: number; lastBatchMs: number } };
       log("sample", JSON.stringify({ limiter: y.limiter, fired: y.shardTotals?.fired, finished: y.shardTotals?.finished, waited: y.shardTotals?.waited, deferredWrites: y.shardTotals?.deferredWrites, flushedWrites: y.shardTotals?.flushedWrites,
+        rounds: y.shardTotals?.rounds, mails: y.shardTotals?.mails,
         batches: y.persister?.batches, lastBatchMs: Math.round(y.persister?.lastBatchMs ?? 0), ran: rec.distinct }));
     }, () => undefined);
   }, 1000) : null;

@@ -464,10 +464,16 @@ export class ShardActor implements EventSink {
    * pending. Done at the start of a round, never while one is being decided.
    */
   private evictIdle(): void {
+    // A task waiting for a place at its executor (or woken with one) stays: its capacity mail
+    // decides it again, and evicted it was read back from PostgreSQL for that, a fetch a run
+    // while the executor is full. The capacity round looks at it again.
+    const waits = this.decisions.waitingForCapacity; const placed = this.decisions.reserved;
     for (const id of this.evictable) {
       const lt = this.decisions.live.get(id);
       // A task that came due but no longer exists is evicted too (what the horizon knew of it goes).
-      if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id))) { this.decisions.live.delete(id); this.horizon.forget(id); }
+      if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id) && !waits.has(id) && !placed.has(id))) {
+        this.decisions.live.delete(id); this.horizon.forget(id);
+      }
     }
     // Each is looked at once: a task still waiting for a write comes back when that write is done
     // (submitRound), and one with a run in flight when a round touches it again. Keeping the ones
