@@ -3,9 +3,9 @@
  * finds its executor full waits for a free place, earliest due time first, instead of being
  * refused and retried: refusing at the bound turned a burst of 100,000 runs into 800,000 run rows
  * (each refusal wrote a row and scheduled a retry that met the same full executor), and the
- * PostgreSQL load it caused starved the node's lease renewals. Waiting costs no row and no memory
- * beyond one entry per waiting task (a task waits for at most one slot at a time), so the queue
- * is bounded by the number of tasks the node owns.
+ * PostgreSQL load it caused starved the node's lease renewals. Waiting costs no row: one entry
+ * here per waiting task (a task waits for at most one slot at a time) and its row held in its
+ * shard's memory until its place comes, so both are bounded by the number of tasks the node owns.
  *
  * Shard actors on one node share executors, so the count and the queue live here, owned by the
  * node and used synchronously (one event loop: no races). A waiter is told it has a place through

@@ -32,7 +32,7 @@ const T0 = Date.UTC(2026, 0, 1);
 const SECRET = new Uint8Array(32).fill(3);
 const FINAL = new Set(["success", "failed", "timed_out", "refused", "stale", "skipped"]);
 
-function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number } {
+function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number; misfireRuns: number } {
   const rnd = mulberry32(seed);
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
   const clock = new SimulatedClock(T0);
