@@ -165,7 +165,8 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     const woken = new Set(told.flatMap((m) => (m.t === "capacity" ? [m.taskId] : [])));
     for (const lt of d.live.values()) {
       const row = lt.row;
-      if (row.nextDueMs === null || row.state === "paused" || row.state === "cancelled" || lt.stuck !== undefined) continue;
+      // (A forced run of a paused task leaves it paused when it ends: pausedAfterRun.)
+      if (row.nextDueMs === null || row.state === "paused" || row.state === "cancelled" || lt.stuck !== undefined || (row.record as TaskRecord).context.pausedAfterRun) continue;
       const at = row.nextDueMs;
       const reachable = horizon.dueOf(row.id) === at || index.get(row.id) === at || comeDue.has(row.id)
         || d.waitingForCapacity.get(row.id) === at || d.reserved.has(row.id) || woken.has(row.id);

@@ -639,6 +639,23 @@ describe("shard decisions: commands", () => {
         expect(s.replies).toEqual([{ ok: true, value: { runId: id } }]);
       },
     },
+    {
+      name: "resumed while a forced run of the paused task is in flight: the run's end brings the schedule back",
+      run: (s: Setup, row: TaskRow) => {
+        s.decide([s.cmd({ type: "pause", taskId: 1 })]);
+        expect(row.nextDueMs).toBeNull();
+        const r = s.decide([s.cmd({ type: "run", taskId: 1, force: true })]);
+        const runId = r.write.runInserts[0]!.id;
+        expect(row.state).toBe("running");
+        s.decide([s.cmd({ type: "resume", taskId: 1 })]);
+        expect([row.state, row.nextDueMs, (row.record as TaskRecord).context.pausedAfterRun]).toEqual(["running", null, false]);
+        s.decide([s.event(runId, "completed")]);
+        // Not paused again, and not left without a pointer: the run's end schedules the next slot.
+        expect(row.state).toBe("success");
+        expect(row.nextDueMs).not.toBeNull();
+        expect(s.horizon.dueOf(1)).toBe(row.nextDueMs);
+      },
+    },
   ])("$name", ({ run, limit }) => {
     const s = setup(limit !== undefined ? { limit } : {});
     const row = s.add(task(1, T0));
