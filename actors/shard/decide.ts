@@ -427,12 +427,12 @@ export class ShardDecisions {
       }
       if (!placed && this.spreadAhead(p.dueMs, now)) placed = ahead = this.p.limiter.tryAcquireAhead(row.executor);
       if (!placed && !this.p.limiter.tryAcquire(row.executor)) {
-        // A catch-up the misfire policy dated (not the row's pointer) waits as the row's pointer:
-        // its capacity mail is decided from the row (onDue), which otherwise still named the
-        // missed slot, did not match the catch-up's due time, and the catch-up was dropped (the
-        // task then sat due in the past until its shard was next loaded). Written with the round,
-        // a next owner fires it as this catch-up too.
-        if (opts.mayDefer !== true) this.setPointer(round, lt, p);
+        // The capacity mail is decided from the row (onDue matches the row's due time), so what
+        // waits must be the row's pointer. A catch-up the misfire policy dated is not: the row
+        // still named the missed slot, and the catch-up was dropped when woken (the task then sat
+        // due in the past until its shard was next loaded). Written with the round, a next owner
+        // fires it as this catch-up too.
+        if (row.nextDueMs !== p.dueMs) this.setPointer(round, lt, p);
         this.waitForCapacity(round, lt, p.dueMs);
         return;
       }
