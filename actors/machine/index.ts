@@ -12,6 +12,6 @@ export {
   type TransitionRefusalCode,
   type TransitionResult,
 } from "./types.ts";
-export { taskMachine, type TaskMachine } from "./task-machine.ts";
+export { taskMachine, busyForbidden, type TaskMachine } from "./task-machine.ts";
 export { initialRecord, applyEvent, isTaskState } from "./apply.ts";
 export { packIdle, unpackIdle, isIdle, type PackedIdle } from "./pack.ts";

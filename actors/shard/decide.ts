@@ -1,6 +1,6 @@
 import { AxError, type Clock, type Logger } from "../../common/index.ts";
 import { derivedRunId, newRunId, runToken, tokenMatches, type DeliveryView, type EventCatchUp, type RunEvent, type DependencyTrigger } from "../../protocol/index.ts";
-import { applyEvent, type TaskEvent, type TaskRecord } from "../machine/index.ts";
+import { applyEvent, busyForbidden, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import type { Horizon } from "./horizon.ts";
 import { decideEvent } from "./runEvents.ts";
 import type { RunInsert, RunRow, RunSource, RunUpdate, TaskRow } from "../store/index.ts";
@@ -101,6 +101,14 @@ export class ShardDecisions {
   /** Places the limiter gave to waiting tasks, not yet used by a dispatch (task → executor). */
   readonly reserved = new Map<number, string>();
   /**
+   * Dependency triggers whose task cannot run now (paused, or a run of it in flight with overlap
+   * forbid), by task: held unacked, kept alive by the actor (see heldTriggerMessages), and
+   * decided again at the end of the round in which their task can run. Handed back once a
+   * second instead, a trigger waiting for a run longer than AX_DEAD_AFTER seconds was counted
+   * as failing and parked in the dead-letter stream: the downstream's run never happened.
+   */
+  readonly heldTriggers = new Map<number, Array<{ trig: DependencyTrigger; msg: Ackable }>>();
+  /**
    * Runs whose completion this shard applied lately (two generations): a node-level event batch
    * that comes back after one of its other parts failed carries them again, and they are not late.
    */
@@ -167,8 +175,18 @@ export class ShardDecisions {
     return true;
   }
 
+  /** The held dependency triggers' messages (the actor keeps them from being redelivered). */
+  heldTriggerMessages(): Ackable[] {
+    const out: Ackable[] = [];
+    for (const list of this.heldTriggers.values()) for (const h of list) out.push(h.msg);
+    return out;
+  }
+
   /** Everything in flight is forgotten and its places given back (the shard stops or is fenced). */
   dropInFlight(): void {
+    // Held triggers go back to JetStream at once, for the next owner.
+    for (const m of this.heldTriggerMessages()) m.nak();
+    this.heldTriggers.clear();
     for (const run of this.inFlight.values()) this.p.limiter.release(run.executor, run.ahead);
     this.inFlight.clear();
     this.waitingForCapacity.clear();
@@ -247,7 +265,27 @@ export class ShardDecisions {
           break;
       }
     }
+    if (this.heldTriggers.size) this.decideHeldTriggers(round, now, canFire, recorded);
     return round;
+  }
+
+  /** Held dependency triggers of tasks this round left able to run (or gone): decided now. */
+  private decideHeldTriggers(round: Round, now: number, canFire: boolean, recorded: ReadonlySet<string>): void {
+    if (!canFire) return; // held on; if the shard is handed over, dropInFlight gives them back
+    const ready: Array<{ trig: DependencyTrigger; msg: Ackable }> = [];
+    for (const [taskId, list] of this.heldTriggers) {
+      const lt = this.live.get(taskId);
+      if (lt && this.triggerWaits(lt)) continue;
+      this.heldTriggers.delete(taskId);
+      ready.push(...list);
+    }
+    for (const h of ready) this.onDependencyTrigger(round, h.trig, h.msg, now, recorded);
+  }
+
+  /** Why a dependency trigger of this task cannot become a run now (null: it can). */
+  private triggerWaits(lt: LiveTask): "paused" | "running" | null {
+    if (lt.row.state === "paused") return "paused";
+    return busyForbidden((lt.row.record as TaskRecord).context) ? "running" : null;
   }
 
   // ---- decisions -------------------------------------------------------------------------
@@ -438,6 +476,7 @@ export class ShardDecisions {
       }
       placed = true;
     }
+    const beforeFire = { record: row.record, state: row.state };
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
     if (!res.ok && placed) this.p.limiter.release(row.executor, ahead);
     const base: RunInsert = {
@@ -474,8 +513,19 @@ export class ShardDecisions {
       } // dependency: the trigger is nak'ed and comes back; the task's own schedule stays as it is
       return;
     }
+    if (!placed && opts.manual && !(placed = this.p.limiter.tryAcquire(row.executor))) {
+      // A manual run at a full executor: refused to the caller, who decides whether to try again.
+      // Nothing runs later on its own (a retry of ours and the caller's second try were two
+      // runs), and the task is as it was: its state, its attempts, its schedule's pointer.
+      this.stats.refused++;
+      row.record = beforeFire.record; row.state = beforeFire.state;
+      const why = `refused: executor ${row.executor} has ${this.p.limiter.inFlight(row.executor)} runs in flight (limit ${this.p.limiter.limitOf(row.executor)}); nothing was run, try again later`;
+      round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
+      opts.manual.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
+      return;
+    }
     if (!placed && !this.p.limiter.tryAcquire(row.executor)) {
-      // Manual run or dependency trigger at a full executor: refused. The run goes to retry with backoff.
+      // A dependency trigger at a full executor: refused. The run goes to retry with backoff.
       this.stats.refused++;
       this.transition(lt, { type: "REFUSED", runId, reason: "executor full" });
       const delay = backoffMs(1, Math.max(row.backoffMs, 100), Math.max(row.backoffMaxMs, 1000), this.p.random);
@@ -485,7 +535,6 @@ export class ShardDecisions {
       if (advanceSchedule) this.p.events?.["slot:missed"]?.({ shard: this.p.shard, runId, taskId: row.id, task: row.name, executor: row.executor, reason: "executor_full", slotMs: p.slotMs, detail: why });
       if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = withSlot(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId), String(p.triggerId), p.slotMs);
       this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
-      opts.manual?.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
       return;
     }
     this.stats.fired++;
@@ -725,10 +774,22 @@ export class ShardDecisions {
     // The run id is derived from the trigger's key: a redelivered trigger finds its run and stops.
     const runId = dependencyRunId(trig);
     if (recorded.has(runId) || this.inFlight.has(runId)) { round.acks.push(msg); return; }
+    if (lt.row.state === "cancelled") {
+      // Nothing will run it: taken off the stream, not handed back for ever.
+      this.p.log.info({ taskId: lt.row.id, runId, key: trig.key }, "dependency trigger of a cancelled task dropped");
+      round.acks.push(msg);
+      return;
+    }
+    if (this.triggerWaits(lt)) {
+      // Waits unacked for the run in flight to end (or a resume), then is decided again.
+      const list = this.heldTriggers.get(lt.row.id);
+      if (list) list.push({ trig, msg }); else this.heldTriggers.set(lt.row.id, [{ trig, msg }]);
+      return;
+    }
     const before = this.stats.fired;
     this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId });
     if (this.stats.fired > before || !this.inFlight.has(runId) && round.write.runInserts.some((r) => r.id === runId)) round.acks.push(msg);
-    else round.naks.push(msg); // running (overlap=forbid): try again shortly
+    else round.naks.push(msg); // refused by the machine for a reason triggerWaits does not know: try again shortly
   }
 
   /**

@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names, type TimerHandle } from "../../common/index.ts";
 import {
-  EventCatchUp, connectionUptime, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
+  DEPENDENCY_ACK_WAIT_MS, EventCatchUp, connectionUptime, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 import { Horizon } from "./horizon.ts";
@@ -108,7 +108,10 @@ const MAX_ROUNDS_WRITING = 2;
 /** An Ackable that passes on only its first ack or nak. */
 function once(a: Ackable): Ackable {
   let done = false;
-  return { ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } } };
+  return {
+    ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } },
+    working: () => { if (!done) a.working?.(); },
+  };
 }
 
 /**
@@ -165,6 +168,7 @@ export class ShardActor implements EventSink {
   /** Tasks fired whose row a round has not written since (Round.deferred), with when (monotonic): flushed by taskWriteDeferMs. */
   private readonly unwrittenFires = new Map<number, number>();
   private flushTimer: TimerHandle | null = null;
+  private keepHeldTimer: TimerHandle | null = null;
   private readonly taskWriteDeferMs: number;
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
@@ -403,6 +407,7 @@ export class ShardActor implements EventSink {
       this.unwrittenFires.delete(id);
     }
     if (this.unwrittenFires.size && this.flushTimer === null) this.scheduleFlush();
+    if (this.decisions.heldTriggers.size && this.keepHeldTimer === null) this.keepHeldAlive();
     // (decisions write no task updates themselves: the round's are exactly the changed rows it touched)
     round.write.taskUpdates = taskUpdatesOf(round.touched, this.decisions.live);
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
@@ -467,11 +472,12 @@ export class ShardActor implements EventSink {
     // A task waiting for a place at its executor (or woken with one) stays: its capacity mail
     // decides it again, and evicted it was read back from PostgreSQL for that, a fetch a run
     // while the executor is full. The capacity round looks at it again.
-    const waits = this.decisions.waitingForCapacity; const placed = this.decisions.reserved;
+    // So does a task holding a dependency trigger: the trigger is decided from its row in memory.
+    const waits = this.decisions.waitingForCapacity; const placed = this.decisions.reserved; const held = this.decisions.heldTriggers;
     for (const id of this.evictable) {
       const lt = this.decisions.live.get(id);
       // A task that came due but no longer exists is evicted too (what the horizon knew of it goes).
-      if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id) && !waits.has(id) && !placed.has(id))) {
+      if (!lt || ((lt.row.record as TaskRecord).context.inFlight.length === 0 && lt.skippedWhileRunning === 0 && !this.unwritten.has(id) && !waits.has(id) && !placed.has(id) && !held.has(id))) {
         this.decisions.live.delete(id); this.horizon.forget(id);
       }
     }
@@ -503,8 +509,23 @@ export class ShardActor implements EventSink {
     }, wait);
   }
 
+  /**
+   * Held dependency triggers (ShardDecisions.heldTriggers) are told "in progress" well within
+   * their consumer's ack wait, so JetStream does not hand them out again while they wait.
+   */
+  private keepHeldAlive(): void {
+    this.keepHeldTimer = this.d.clock.setTimeout(() => {
+      this.keepHeldTimer = null;
+      if (this.state !== "active") return;
+      const msgs = this.decisions.heldTriggerMessages();
+      for (const m of msgs) m.working?.();
+      if (msgs.length) this.keepHeldAlive();
+    }, Math.floor(DEPENDENCY_ACK_WAIT_MS / 3));
+  }
+
   private clearFlush(): void {
     if (this.flushTimer !== null) { this.d.clock.clearTimeout(this.flushTimer); this.flushTimer = null; }
+    if (this.keepHeldTimer !== null) { this.d.clock.clearTimeout(this.keepHeldTimer); this.keepHeldTimer = null; }
   }
 
   // ---- stopping -----------------------------------------------------------------------------

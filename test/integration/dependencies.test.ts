@@ -261,6 +261,26 @@ describe("dependencies", () => {
     expect(callsOf("co-b")).toHaveLength(2);
   });
 
+  it("a trigger waiting for a downstream's long run is not a failed delivery: it is never parked, and runs when the run ends", async () => {
+    // Handed back once a second while B runs, the trigger passed AX_DEAD_AFTER (8) deliveries
+    // after ~8 s and was parked in the dead-letter stream: B's second run never happened.
+    hold.set("lw-b", 12_000);
+    await create("lw-a", { delay: "1h" });
+    const b = await create("lw-b", { after: ["lw-a"] });
+    const r1 = await runNow("lw-a");
+    await waitFor(() => callsOf("lw-b").length === 1, 10_000, "lw-b started");
+    const r2 = await runNow("lw-a");
+    await waitFor(async () => (await edge("lw-b", "lw-a")).seen_run === r2, 10_000, "lw-a's second success applied");
+    const bs = (await waitFor(() => succeeded("lw-b", 2), 40_000, "lw-b ran a second time"))!;
+    expect(bs.map((r) => r.upstreamRuns)).toEqual([[r1], [r2]]);
+    await settled();
+    const trig = await jsm.consumers.info(N.eventsStream, shardTriggerConsumer(b.shard));
+    expect(trig.num_pending + trig.num_ack_pending).toBe(0);
+    const dead = await jsm.streams.info(N.deadStream).then((i) => i.state.messages, () => 0);
+    expect(dead).toBe(0);
+    expect(callsOf("lw-b")).toHaveLength(2);
+  }, 90_000);
+
   it("edges added while the upstream's shard holds its row (a run in flight) count for its runs fired after them", async () => {
     // Overlaps allowed: the second run fires while the first is in flight, so the shard keeps
     // the row it read before the edges existed, and the second run ends the chain.
@@ -289,10 +309,10 @@ describe("dependencies", () => {
     await create("cy-b", { after: ["cy-a"] });
     await create("cy-c", { after: ["cy-b"] });
     const direct = await tc.cli(["task", "deps", "add", "cy-a", "cy-b"]);
-    expect(direct.code).toBe(2);
+    expect(direct.code, `exit ${direct.code}; stdout: ${direct.stdout}; stderr: ${direct.stderr}`).toBe(2);
     expect(direct.stderr).toContain("cy-a → cy-b → cy-a");
     const three = await tc.cli(["task", "deps", "add", "cy-a", "cy-c"]);
-    expect(three.code).toBe(2);
+    expect(three.code, `exit ${three.code}; stdout: ${three.stdout}; stderr: ${three.stderr}`).toBe(2);
     expect(three.stderr).toContain("cy-a → cy-b → cy-c → cy-a");
     const self = await tc.cli(["task", "deps", "add", "cy-a", "cy-a"]);
     expect(self.code).toBe(2);

@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest";
 import { SimulatedClock, silentLogger } from "../../common/index.ts";
-import { runToken } from "../../protocol/index.ts";
+import { runToken, type DependencyTrigger } from "../../protocol/index.ts";
 import { initialRecord, type TaskRecord } from "../../actors/machine/index.ts";
 import { InFlightLimiter } from "../../actors/limiter.ts";
 import { Horizon, type WheelItem } from "../../actors/shard/horizon.ts";
-import { ShardDecisions, NONE_RECORDED, UNDELIVERED_GRACE_MS } from "../../actors/shard/decide.ts";
+import { ShardDecisions, NONE_RECORDED, UNDELIVERED_GRACE_MS, dependencyRunId } from "../../actors/shard/decide.ts";
 import { liveTask, type Mail, type Round } from "../../actors/shard/types.ts";
 import type { RunInsert, TaskRow } from "../../actors/store/index.ts";
 import { rng as mulberry32 } from "./cron-reference.ts";
@@ -23,16 +23,20 @@ import { rng as mulberry32 } from "./cron-reference.ts";
  * - nothing is released before its due time;
  * - a task paused before a round gets no scheduled run from it;
  * - the runs PostgreSQL holds as running are exactly the runs in flight here, and each task's
- *   machine names only runs in flight.
+ *   machine names only runs in flight;
+ * - a dependency trigger is settled once, acked only when its run is recorded (or its task was
+ *   cancelled), never handed back; one not settled is held only while its task cannot run
+ *   (paused, or a run in flight with overlap forbid);
+ * - a manual run refused at a full executor leaves no retry behind.
  *
- * At the end every run in flight is completed and everything must be final.
+ * At the end every run in flight is completed, every trigger acked, and everything must be final.
  */
 
 const T0 = Date.UTC(2026, 0, 1);
 const SECRET = new Uint8Array(32).fill(3);
 const FINAL = new Set(["success", "failed", "timed_out", "refused", "stale", "skipped"]);
 
-function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number; misfireRuns: number } {
+function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number; misfireRuns: number; triggers: number; dependencyRuns: number; heldTriggers: number } {
   const rnd = mulberry32(seed);
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
   const clock = new SimulatedClock(T0);
@@ -90,6 +94,38 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   const slotRuns = new Map<string, string[]>(); // "task:slot" → scheduled runs that hold the slot
   const msg = { ack: () => undefined, nak: () => undefined };
   let rounds = 0; let withdrawn = 0;
+  /** Dependency triggers delivered to the shard, by key, and how each was settled. */
+  const triggers = new Map<string, { taskId: number; runId: string; settled?: "ack" | "nak" }>();
+  let triggerSeq = 0;
+  const trigger = (taskId: number, now: number): Mail => {
+    const key = `up:${++triggerSeq}`;
+    const trig: DependencyTrigger = { v: 1, kind: "due", taskId, key, upstreamRuns: [`u${triggerSeq}`], reason: "upstream succeeded", at: now };
+    const rec: { taskId: number; runId: string; settled?: "ack" | "nak" } = { taskId, runId: dependencyRunId(trig) };
+    triggers.set(key, rec);
+    const settle = (how: "ack" | "nak") => {
+      expect(rec.settled, `trigger ${key} settled twice (${rec.settled}, then ${how}; seed ${seed})`).toBeUndefined();
+      rec.settled = how;
+    };
+    return { t: "trigger", trig, msg: { ack: () => settle("ack"), nak: () => settle("nak"), working: () => undefined } };
+  };
+  const checkTriggers = () => {
+    let pending = 0;
+    for (const [key, t] of triggers) {
+      const lt = d.live.get(t.taskId)!;
+      expect(t.settled, `trigger ${key} handed back (seed ${seed})`).not.toBe("nak");
+      if (t.settled === "ack") {
+        expect(runs.has(t.runId) || lt.row.state === "cancelled", `trigger ${key} acked without its run (seed ${seed})`).toBe(true);
+        continue;
+      }
+      pending++;
+      const ctx = (lt.row.record as TaskRecord).context;
+      expect(lt.row.state === "paused" || (ctx.overlap === "forbid" && ctx.inFlight.length > 0),
+        `trigger ${key} held while task ${t.taskId} can run (${lt.row.state}, ${ctx.inFlight.length} in flight; seed ${seed})`).toBe(true);
+    }
+    expect(d.heldTriggerMessages()).toHaveLength(pending);
+    if (pending) roundsHolding++;
+  };
+  let roundsHolding = 0; // rounds after which a trigger was held
 
   const check = (round: Round, pausedBefore: ReadonlySet<number>, now: number) => {
     for (const r of round.write.runInserts) {
@@ -101,6 +137,10 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
         expect(live, `slot ${k} ran twice (seed ${seed})`).toEqual([]);
         slotRuns.set(k, [...(slotRuns.get(k) ?? []), r.id]);
         expect(pausedBefore.has(r.taskId), `paused task ${r.taskId} got a scheduled run`).toBe(false);
+      }
+      if (r.state === "refused" && r.source === "manual") {
+        const row = d.live.get(r.taskId)!.row;
+        expect(row.nextCausedBy === r.id, `refused manual run ${r.id} left a retry (seed ${seed})`).toBe(false);
       }
       if (r.state === "running") {
         expect(r.firedMs!, "released before its due time").toBeGreaterThanOrEqual(r.dueMs);
@@ -152,6 +192,10 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     }
     for (const r of round.replies) r();
     check(round, pausedBefore, now);
+    // The round's write is done: its messages are settled (the actor does this after the write).
+    for (const m of round.acks) m.ack();
+    for (const m of round.naks) m.nak();
+    checkTriggers();
   };
 
   /**
@@ -213,6 +257,8 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
       const reply = () => undefined;
       mail.push(type === "run" ? { t: "cmd", cmd: { type, taskId, force: rnd() < 0.3 }, reply } : { t: "cmd", cmd: { type, taskId }, reply });
     }
+    // An upstream of a task succeeded (its trigger comes with whatever else is in the round).
+    if (rnd() < 0.05) mail.push(trigger(1 + Math.floor(rnd() * n), now));
     if (mail.length) decide(mail);
     checkReachable(now);
   }
@@ -235,14 +281,16 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   }
   expect(d.inFlight.size).toBe(0);
   expect(limiter.inFlight("e")).toBe(0);
+  for (const [key, t] of triggers) expect(t.settled, `trigger ${key} never settled (seed ${seed})`).toBe("ack");
   for (const r of runs.values()) expect(r.state !== "running" || r.ended !== undefined, `run ${r.id} never ended`).toBe(true);
   const misfireRuns = [...runs.values()].filter((r) => r.source === "misfire").length;
-  return { rounds, runs: runs.size, withdrawn, timedOut: d.stats.timedOut, waited: d.stats.waited, misfireRuns };
+  const dependencyRuns = [...runs.values()].filter((r) => r.source === "dependency" && r.state === "running").length;
+  return { rounds, runs: runs.size, withdrawn, timedOut: d.stats.timedOut, waited: d.stats.waited, misfireRuns, triggers: triggers.size, dependencyRuns, heldTriggers: roundsHolding };
 }
 
 describe("shard decisions: random histories (fixed seeds)", () => {
   it("keep their invariants over 60 histories of 400 steps", () => {
-    const totals = { rounds: 0, runs: 0, withdrawn: 0, timedOut: 0, waited: 0, misfireRuns: 0 };
+    const totals = { rounds: 0, runs: 0, withdrawn: 0, timedOut: 0, waited: 0, misfireRuns: 0, triggers: 0, dependencyRuns: 0, heldTriggers: 0 };
     for (let seed = 1; seed <= 60; seed++) {
       const h = history(seed);
       for (const k of Object.keys(totals) as Array<keyof typeof totals>) totals[k] += h[k];
@@ -253,5 +301,9 @@ describe("shard decisions: random histories (fixed seeds)", () => {
     expect(totals.timedOut).toBeGreaterThan(50);
     expect(totals.withdrawn).toBeGreaterThan(5);
     expect(totals.misfireRuns).toBeGreaterThan(20);
+    // Dependency triggers: many become runs, many wait (held) for a run in flight or a resume first.
+    expect(totals.dependencyRuns).toBeGreaterThan(200);
+    expect(totals.heldTriggers).toBeGreaterThan(100);
+    console.log(JSON.stringify(totals));
   });
 });

@@ -576,14 +576,23 @@ describe("shard decisions: commands", () => {
       },
     },
     {
-      name: "a manual run at a full executor is refused to the caller and recorded refused",
+      name: "a manual run at a full executor is refused to the caller and recorded refused; nothing runs later on its own, the task is as it was",
       limit: 1,
-      run: (s: Setup) => {
+      run: (s: Setup, row: TaskRow) => {
         s.limiter.force("e");
+        const before = { state: row.state, record: structuredClone(row.record), nextDueMs: row.nextDueMs, nextSource: row.nextSource, slots: { ...row.triggerSlots } };
         const r = s.decide([s.cmd({ type: "run", taskId: 1, force: false })]);
-        expect(r.write.runInserts.map((x) => x.state)).toEqual(["refused"]);
+        expect(r.write.runInserts.map((x) => [x.state, x.source])).toEqual([["refused", "manual"]]);
+        expect(r.write.runInserts[0]!.error).toMatch(/nothing was run, try again later$/);
         expect(s.replies).toHaveLength(1);
         expect(s.replies[0]).toMatchObject({ ok: false, error: { code: "AX_E_UNAVAILABLE", field: "executor", value: "e" } });
+        // Told "refused", a caller may try again: had ax retried it too, that was two runs.
+        expect([row.state, row.record, row.nextDueMs, row.nextSource, row.triggerSlots]).toEqual([before.state, before.record, before.nextDueMs, before.nextSource, before.slots]);
+        expect(r.touched.has(1)).toBe(false);
+        s.limiter.release("e");
+        s.clock.advance(2 * EVERY);
+        const later = s.decide([]);
+        expect(later.write.runInserts).toEqual([]);
       },
     },
     {
@@ -669,7 +678,7 @@ describe("shard decisions: dependency triggers", () => {
   it.each([
     { name: "fires once under the id derived from its key, and is acked", recorded: false, inFlight: false, runs: 1, acked: 1, naked: 0 },
     { name: "already recorded (redelivered): acked, nothing fired", recorded: true, inFlight: false, runs: 0, acked: 1, naked: 0 },
-    { name: "its task has a run in flight (overlap=forbid): nak'ed to come again", recorded: false, inFlight: true, runs: 0, acked: 0, naked: 1 },
+    { name: "its task has a run in flight (overlap=forbid): held, neither acked nor nak'ed (see below)", recorded: false, inFlight: true, runs: 0, acked: 0, naked: 0 },
   ])("$name", ({ recorded, inFlight, runs, acked, naked }) => {
     const s = setup();
     const row = s.add(task(1, T0 + 60_000, { triggers: [] , nextSource: null, nextTriggerId: null, nextSlotMs: null, triggerSlots: {} }));
@@ -680,6 +689,76 @@ describe("shard decisions: dependency triggers", () => {
     expect(r.acks.length).toBe(acked);
     expect(r.naks.length).toBe(naked);
     expect(row.nextDueMs).toBe(T0 + 60_000); // its own schedule is not moved by the trigger
+  });
+
+  it("waiting for its task's run (overlap=forbid): held, neither acked nor handed back; the run's end fires it and acks it", () => {
+    const s = setup();
+    const row = s.add(task(1, T0 + 60_000, { triggers: [], nextSource: null, nextTriggerId: null, nextSlotMs: null, triggerSlots: {} }));
+    s.decide([s.cmd({ type: "run", taskId: 1, force: false })]);
+    const running = [...s.d.inFlight.keys()][0]!;
+    const t = trig();
+    let r = s.decide([{ t: "trigger", trig: t, msg: s.msg }]);
+    expect([r.acks.length, r.naks.length, r.write.runInserts.length]).toEqual([0, 0, 0]);
+    expect(s.d.heldTriggerMessages()).toEqual([s.msg]);
+    // Rounds about other things leave it held.
+    s.clock.advance(30_000);
+    r = s.decide([s.event(running, "started")]);
+    expect([r.acks.length, r.naks.length]).toEqual([1, 0]); // (the event's)
+    expect(s.d.heldTriggerMessages()).toHaveLength(1);
+    r = s.decide([s.event(running, "completed")]);
+    expect(r.write.runInserts.map((x) => [x.id, x.source, x.upstreamRuns])).toEqual([[dependencyRunId(t), "dependency", ["r1"]]]);
+    expect(r.acks).toHaveLength(2); // the event's and the trigger's
+    expect(s.d.heldTriggerMessages()).toEqual([]);
+    expect(row.state).toBe("running");
+  });
+
+  it("two triggers held for one run: the first fires when it ends, the second waits for that run in turn", () => {
+    const s = setup();
+    s.add(task(1, T0 + 60_000, { triggers: [], nextSource: null, nextTriggerId: null, nextSlotMs: null, triggerSlots: {} }));
+    s.decide([s.cmd({ type: "run", taskId: 1, force: false })]);
+    const first = [...s.d.inFlight.keys()][0]!;
+    const t1 = trig(); const t2 = trig({ key: "up:r2", upstreamRuns: ["r2"] });
+    s.decide([{ t: "trigger", trig: t1, msg: s.msg }, { t: "trigger", trig: t2, msg: s.msg }]);
+    expect(s.d.heldTriggerMessages()).toHaveLength(2);
+    let r = s.decide([s.event(first, "completed")]);
+    expect(r.write.runInserts.map((x) => x.id)).toEqual([dependencyRunId(t1)]);
+    expect(s.d.heldTriggerMessages()).toHaveLength(1);
+    r = s.decide([s.event(dependencyRunId(t1), "completed")]);
+    expect(r.write.runInserts.map((x) => x.id)).toEqual([dependencyRunId(t2)]);
+    expect(s.d.heldTriggerMessages()).toEqual([]);
+  });
+
+  it("a paused task holds its trigger until it is resumed; a cancelled one drops it (acked, nothing runs)", () => {
+    const s = setup();
+    const row = s.add(task(1, T0 + 60_000));
+    s.decide([s.cmd({ type: "pause", taskId: 1 })]);
+    const t = trig();
+    let r = s.decide([{ t: "trigger", trig: t, msg: s.msg }]);
+    expect([r.acks.length, r.naks.length, r.write.runInserts.length]).toEqual([0, 0, 0]);
+    r = s.decide([s.cmd({ type: "resume", taskId: 1 })]);
+    expect(r.write.runInserts.map((x) => [x.id, x.source])).toEqual([[dependencyRunId(t), "dependency"]]);
+    expect(r.acks).toHaveLength(1);
+    expect(row.state).toBe("running");
+
+    const s2 = setup();
+    s2.add(task(1, T0 + 60_000));
+    s2.decide([s2.cmd({ type: "pause", taskId: 1 })]);
+    s2.decide([{ t: "trigger", trig: t, msg: s2.msg }]);
+    r = s2.decide([s2.cmd({ type: "cancel", taskId: 1 })]);
+    expect(r.write.runInserts).toEqual([]);
+    expect(r.acks).toHaveLength(1);
+    expect(s2.d.heldTriggerMessages()).toEqual([]);
+  });
+
+  it("held triggers go back to JetStream when the shard stops (dropInFlight), for the next owner", () => {
+    const s = setup();
+    s.add(task(1, T0 + 60_000));
+    s.decide([s.cmd({ type: "pause", taskId: 1 })]);
+    s.decide([{ t: "trigger", trig: trig(), msg: s.msg }]);
+    const naked = s.acks.naked;
+    s.d.dropInFlight();
+    expect(s.acks.naked).toBe(naked + 1);
+    expect(s.d.heldTriggerMessages()).toEqual([]);
   });
 
   it("upstream_failed marks the task and passes the outcome on to its downstreams", () => {
