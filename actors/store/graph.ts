@@ -69,16 +69,26 @@ export class DependencyGraph {
 }
 
 /**
- * Kahn's topological sort over edges [upstream, downstream]; when nodes remain, walks the
- * remaining subgraph to name one cycle as a closed path (A, B, C, A).
+ * Kahn's topological sort over edges [upstream, downstream]; when nodes remain, names one cycle
+ * among them as a closed path (A, B, C, A).
+ *
+ * The path is found walking back along in-edges: every remaining node has one from another
+ * remaining node (its in-degree did not reach zero), so the walk never dead-ends and must come
+ * back to a node it passed, which closes a cycle. Walking forward along out-edges (as before)
+ * could start at a node downstream of the cycle, which is left too but leads nowhere: the cycle
+ * was then not reported, and an edge closing it was accepted whenever the edges came back from
+ * PostgreSQL in such an order (rows an update moved in the table, say).
  */
 export function findCycle(edges: ReadonlyArray<readonly [number, number]>): number[] | null {
   const out = new Map<number, number[]>();
+  const into = new Map<number, number[]>();
   const indeg = new Map<number, number>();
   for (const [a, b] of edges) {
     if (!out.has(a)) out.set(a, []);
     if (!out.has(b)) out.set(b, []);
     out.get(a)!.push(b);
+    const preds = into.get(b);
+    if (preds) preds.push(a); else into.set(b, [a]);
     indeg.set(b, (indeg.get(b) ?? 0) + 1);
     if (!indeg.has(a)) indeg.set(a, 0);
   }
@@ -93,29 +103,15 @@ export function findCycle(edges: ReadonlyArray<readonly [number, number]>): numb
   }
   const left = new Set([...indeg].filter(([, d]) => d > 0).map(([n]) => n));
   if (!left.size) return null;
-  // Every remaining node has an in-edge from a remaining node; follow successors until one repeats.
+  // back[i + 1] → back[i] is an edge; a node met again at back[j] closes back[j] → back[k] → … → back[j].
   const start = left.values().next().value as number;
-  const path: number[] = [start];
-  const seen = new Map<number, number>([[start, 0]]);
-  let cur = start;
+  const back: number[] = [start];
+  const at = new Map<number, number>([[start, 0]]);
   for (;;) {
-    const next = out.get(cur)!.find((m) => left.has(m) && canReach(out, left, m, cur));
-    if (next === undefined) return null;
-    if (seen.has(next)) return [...path.slice(seen.get(next)!), next];
-    seen.set(next, path.length);
-    path.push(next);
-    cur = next;
+    const pred = into.get(back[back.length - 1]!)!.find((m) => left.has(m))!;
+    const j = at.get(pred);
+    if (j !== undefined) return [pred, ...back.slice(j + 1).reverse(), pred];
+    at.set(pred, back.length);
+    back.push(pred);
   }
-}
-
-function canReach(out: Map<number, number[]>, within: Set<number>, from: number, to: number): boolean {
-  const stack = [from]; const seen = new Set<number>();
-  while (stack.length) {
-    const n = stack.pop()!;
-    if (n === to) return true;
-    if (seen.has(n)) continue;
-    seen.add(n);
-    for (const m of out.get(n) ?? []) if (within.has(m)) stack.push(m);
-  }
-  return false;
 }
