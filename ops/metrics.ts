@@ -83,7 +83,7 @@ export function createMetrics() {
     /** Counted per run (outcome, executor); read into `finished` at each scrape. */
     finishedTally,
     finalFailures: new Counter({ name: "ax_runs_failed_final_total", help: "Runs that failed with no retries left, by executor", labelNames: ["executor"], registers: [registry] }),
-    skipped: new Counter({ name: "ax_slots_missed_total", help: "Scheduled slots not fired (previous run still in flight with overlap=forbid, or refused: executor full), by executor and reason", labelNames: ["executor", "reason"], registers: [registry] }),
+    skipped: new Counter({ name: "ax_slots_missed_total", help: "Scheduled slots not fired (previous run still in flight with overlap=forbid), by executor and reason", labelNames: ["executor", "reason"], registers: [registry] }),
     upstreamFailed: new Counter({ name: "ax_tasks_upstream_failed_total", help: "Tasks marked upstream_failed, by executor", labelNames: ["executor"], registers: [registry] }),
     lateness: new Histogram({ name: "ax_fire_lateness_seconds", help: "Release time of a run minus its due time, by executor", labelNames: ["executor"], buckets: LATENESS_BUCKETS, registers: [registry] }),
     duration: new Histogram({ name: "ax_run_duration_seconds", help: "Run time from the executor's start to its end (runs whose start was reported), by executor and outcome", labelNames: ["executor", "outcome"], buckets: DURATION_BUCKETS, registers: [registry] }),

@@ -109,6 +109,13 @@ export class ShardDecisions {
    */
   readonly heldTriggers = new Map<number, Array<{ trig: DependencyTrigger; msg: Ackable }>>();
   /**
+   * Held triggers whose executor was full, queued in the node's limiter with the other runs
+   * waiting for a place, earliest due first (run id → executor); and the places it gave them,
+   * not used yet (run id → executor).
+   */
+  readonly triggersWaitingForPlace = new Map<string, string>();
+  readonly triggerPlaces = new Map<string, string>();
+  /**
    * Runs whose completion this shard applied lately (two generations): a node-level event batch
    * that comes back after one of its other parts failed carries them again, and they are not late.
    */
@@ -187,6 +194,9 @@ export class ShardDecisions {
     // Held triggers go back to JetStream at once, for the next owner.
     for (const m of this.heldTriggerMessages()) m.nak();
     this.heldTriggers.clear();
+    this.triggersWaitingForPlace.clear(); // (their waiters wake to nothing)
+    for (const executor of this.triggerPlaces.values()) this.p.limiter.release(executor);
+    this.triggerPlaces.clear();
     for (const run of this.inFlight.values()) this.p.limiter.release(run.executor, run.ahead);
     this.inFlight.clear();
     this.waitingForCapacity.clear();
@@ -252,6 +262,8 @@ export class ShardDecisions {
         case "refilled":
           this.p.horizon.refilled(round, m.items, (id) => this.live.get(id)?.row.nextDueMs);
           break;
+        case "wake":
+          break; // a held trigger's place: decided with the held triggers below
         case "flush":
           // Fires whose task-row write waited (see fire): written now, with whatever else changed.
           for (const id of m.taskIds) if (this.live.has(id) && !round.touched.has(id)) { round.touched.add(id); this.stats.flushedWrites++; }
@@ -275,11 +287,55 @@ export class ShardDecisions {
     const ready: Array<{ trig: DependencyTrigger; msg: Ackable }> = [];
     for (const [taskId, list] of this.heldTriggers) {
       const lt = this.live.get(taskId);
-      if (lt && this.triggerWaits(lt)) continue;
-      this.heldTriggers.delete(taskId);
-      ready.push(...list);
+      if (lt && this.triggerWaits(lt)) {
+        // Paused or running again: no place is kept (nor queued for) while it cannot be used.
+        for (const h of list) this.dropTriggerPlace(dependencyRunId(h.trig));
+        continue;
+      }
+      // (one still queued for a place at its executor stays held until the limiter gives it one)
+      const waiting = lt ? list.filter((h) => this.triggersWaitingForPlace.has(dependencyRunId(h.trig))) : [];
+      if (waiting.length === list.length) continue;
+      if (waiting.length) this.heldTriggers.set(taskId, waiting); else this.heldTriggers.delete(taskId);
+      for (const h of list) if (!waiting.includes(h)) ready.push(h);
     }
     for (const h of ready) this.onDependencyTrigger(round, h.trig, h.msg, now, recorded);
+  }
+
+  private holdTrigger(taskId: number, trig: DependencyTrigger, msg: Ackable): void {
+    const list = this.heldTriggers.get(taskId);
+    if (list) list.push({ trig, msg }); else this.heldTriggers.set(taskId, [{ trig, msg }]);
+  }
+
+  /** A trigger settled or held for another reason: out of the limiter's queue, its place (if given) back. */
+  private dropTriggerPlace(runId: string): void {
+    this.triggersWaitingForPlace.delete(runId);
+    const executor = this.triggerPlaces.get(runId);
+    if (executor !== undefined) { this.triggerPlaces.delete(runId); this.p.limiter.release(executor); }
+  }
+
+  /** A place at `executor` for this trigger's run: one the limiter gave it, or a free one now (false: it waits). */
+  private placeForTrigger(runId: string, executor: string, dueMs: number): boolean {
+    const given = this.triggerPlaces.get(runId);
+    if (given !== undefined) {
+      this.triggerPlaces.delete(runId);
+      if (given === executor) return true;
+      this.p.limiter.release(given); // the task moved to another executor meanwhile
+    }
+    if (this.triggersWaitingForPlace.get(runId) === executor) return false; // queued: no jumping the queue
+    if (this.p.limiter.tryAcquire(executor)) { this.triggersWaitingForPlace.delete(runId); return true; }
+    this.triggersWaitingForPlace.set(runId, executor);
+    this.stats.waited++;
+    this.p.limiter.wait(executor, {
+      dueMs,
+      wake: () => {
+        if (!this.p.active() || this.triggersWaitingForPlace.get(runId) !== executor) return false;
+        this.triggersWaitingForPlace.delete(runId);
+        this.triggerPlaces.set(runId, executor);
+        this.p.tell({ t: "wake" });
+        return true;
+      },
+    });
+    return false;
   }
 
   /** Why a dependency trigger of this task cannot become a run now (null: it can). */
@@ -427,7 +483,7 @@ export class ShardDecisions {
     return next === null || next > now;
   }
 
-  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string; backfill?: (r: CommandReply) => void; mayDefer?: boolean }): void {
+  private fire(round: Round, lt: LiveTask, p: Pointer, now: number, opts: { manual?: { force: boolean; payload?: unknown; reply: (r: CommandReply) => void }; upstreamRuns?: string[]; runId?: string; backfill?: (r: CommandReply) => void; mayDefer?: boolean; placed?: boolean }): void {
     const row = lt.row;
     // The task row's write may wait for the run's end (AX_TASK_WRITE_DEFER) when a next owner
     // can redo this fire from the row as PostgreSQL holds it: the row's own pointer, nothing else
@@ -451,10 +507,11 @@ export class ShardDecisions {
       return;
     }
     // A scheduled run (or retry, or catch-up) whose executor is full waits for a place, in due
-    // order, instead of being refused: see InFlightLimiter. Manual runs and dependency triggers
-    // keep their own answers (refused to the caller; the trigger comes back).
+    // order, instead of being refused: see InFlightLimiter. A dependency trigger comes with its
+    // place (it waited for one held, see placeForTrigger); a caller's run (manual, backfill) is
+    // refused to the caller.
     const waits = !opts.manual && source !== "dependency" && source !== "backfill";
-    let placed = false;
+    let placed = opts.placed === true;
     let waited = false;
     let ahead = false;
     if (waits) {
@@ -513,28 +570,21 @@ export class ShardDecisions {
       } // dependency: the trigger is nak'ed and comes back; the task's own schedule stays as it is
       return;
     }
-    if (!placed && opts.manual && !(placed = this.p.limiter.tryAcquire(row.executor))) {
-      // A manual run at a full executor: refused to the caller, who decides whether to try again.
-      // Nothing runs later on its own (a retry of ours and the caller's second try were two
-      // runs), and the task is as it was: its state, its attempts, its schedule's pointer.
+    if (!placed && !(placed = this.p.limiter.tryAcquire(row.executor))) {
+      // A caller's run at a full executor (manual, backfill): refused to the caller, who decides
+      // whether to try again. Nothing runs later on its own (a retry of ours and the caller's
+      // second try were two runs), and the task is as it was: its state, its attempts, its
+      // schedule's pointer.
       this.stats.refused++;
       row.record = beforeFire.record; row.state = beforeFire.state;
       const why = `refused: executor ${row.executor} has ${this.p.limiter.inFlight(row.executor)} runs in flight (limit ${this.p.limiter.limitOf(row.executor)}); nothing was run, try again later`;
-      round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
-      opts.manual.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON() });
-      return;
-    }
-    if (!placed && !this.p.limiter.tryAcquire(row.executor)) {
-      // A dependency trigger at a full executor: refused. The run goes to retry with backoff.
-      this.stats.refused++;
-      this.transition(lt, { type: "REFUSED", runId, reason: "executor full" });
-      const delay = backoffMs(1, Math.max(row.backoffMs, 100), Math.max(row.backoffMaxMs, 1000), this.p.random);
-      const why = `refused: executor ${row.executor} has ${this.p.limiter.inFlight(row.executor)} runs in flight (limit ${this.p.limiter.limitOf(row.executor)}); retry in ${delay}ms`;
-      round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
-      this.ledgerSlot(round, lt, p, source, { outcome: "refused", runId, executor: row.executor, inFlight: this.p.limiter.inFlight(row.executor), limit: this.p.limiter.limitOf(row.executor), retryInMs: delay }, now);
-      if (advanceSchedule) this.p.events?.["slot:missed"]?.({ shard: this.p.shard, runId, taskId: row.id, task: row.name, executor: row.executor, reason: "executor_full", slotMs: p.slotMs, detail: why });
-      if (advanceSchedule && p.triggerId !== null && p.slotMs !== null) row.triggerSlots = withSlot(p.source === "retry" ? row.triggerSlots : countTaken(row, p.triggerId), String(p.triggerId), p.slotMs);
-      this.setPointer(round, lt, { dueMs: now + delay, slotMs: p.slotMs, triggerId: p.triggerId, source: "retry", causedBy: runId, reason: `retry of run ${runId}, which was ${why}` });
+      const error = new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON();
+      if (opts.manual) {
+        round.write.runInserts.push({ ...base, state: "refused", finishedMs: now, error: why });
+        opts.manual.reply({ ok: false, error });
+      }
+      // (a backfill's run id is its slot's: not recorded, so the slot can be backfilled later)
+      opts.backfill?.({ ok: false, error });
       return;
     }
     this.stats.fired++;
@@ -773,22 +823,30 @@ export class ShardDecisions {
     }
     // The run id is derived from the trigger's key: a redelivered trigger finds its run and stops.
     const runId = dependencyRunId(trig);
-    if (recorded.has(runId) || this.inFlight.has(runId)) { round.acks.push(msg); return; }
+    if (recorded.has(runId) || this.inFlight.has(runId)) { this.dropTriggerPlace(runId); round.acks.push(msg); return; }
     if (lt.row.state === "cancelled") {
       // Nothing will run it: taken off the stream, not handed back for ever.
       this.p.log.info({ taskId: lt.row.id, runId, key: trig.key }, "dependency trigger of a cancelled task dropped");
+      this.dropTriggerPlace(runId);
       round.acks.push(msg);
       return;
     }
     if (this.triggerWaits(lt)) {
-      // Waits unacked for the run in flight to end (or a resume), then is decided again.
-      const list = this.heldTriggers.get(lt.row.id);
-      if (list) list.push({ trig, msg }); else this.heldTriggers.set(lt.row.id, [{ trig, msg }]);
+      // Waits unacked for the run in flight to end (or a resume), then is decided again; a place
+      // it was given meanwhile goes to the next waiter.
+      this.dropTriggerPlace(runId);
+      this.holdTrigger(lt.row.id, trig, msg);
+      return;
+    }
+    if (!this.placeForTrigger(runId, lt.row.executor, trig.at)) {
+      // Its executor is full: waits, unacked, for a place in due order like a scheduled run (the
+      // task's own schedule is not touched), and is decided again once the limiter gives it one.
+      this.holdTrigger(lt.row.id, trig, msg);
       return;
     }
     const before = this.stats.fired;
-    this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId });
-    if (this.stats.fired > before || !this.inFlight.has(runId) && round.write.runInserts.some((r) => r.id === runId)) round.acks.push(msg);
+    this.fire(round, lt, { dueMs: trig.at, slotMs: null, triggerId: null, source: "dependency", causedBy: trig.upstreamRuns[0] ?? null, reason: trig.reason }, now, { upstreamRuns: trig.upstreamRuns, runId, placed: true });
+    if (this.stats.fired > before) round.acks.push(msg);
     else round.naks.push(msg); // refused by the machine for a reason triggerWaits does not know: try again shortly
   }
 

@@ -23,7 +23,7 @@ export interface ShardEvents {
    */
   "run:finished"?: (e: { shard: number; runId: string; taskId: number; state: string; executor: string; final: boolean; durationMs: number | null; task: string | null; error: string | null }) => void;
   /** A scheduled slot not fired: the previous run still in flight (overlap=forbid) or the executor full. */
-  "slot:missed"?: (e: { shard: number; runId: string; taskId: number; task: string; executor: string; reason: "overlap" | "executor_full"; slotMs: number | null; detail: string }) => void;
+  "slot:missed"?: (e: { shard: number; runId: string; taskId: number; task: string; executor: string; reason: "overlap"; slotMs: number | null; detail: string }) => void;
   /** A task marked upstream_failed (an upstream failed for good). */
   "task:upstreamFailed"?: (e: { shard: number; taskId: number; task: string; executor: string; upstreamRun: string; reason: string }) => void;
   "task:stuck"?: (e: { shard: number; taskId: number; reason: string }) => void;
@@ -124,7 +124,9 @@ export type Mail =
   /** The node's limiter gave this waiting task a place at its executor (see InFlightLimiter). */
   | { t: "capacity"; taskId: number; dueMs: number; executor: string }
   /** Task rows whose fire's write waited (Round.deferred): written with this round. */
-  | { t: "flush"; taskIds: number[] };
+  | { t: "flush"; taskIds: number[] }
+  /** The limiter gave a held dependency trigger a place (ShardDecisions.triggerPlaces): decide it. */
+  | { t: "wake" };
 
 /**
  * The plan of one round: what the decisions wrote down for the actor to carry out once the

@@ -26,7 +26,7 @@ import { rng as mulberry32 } from "./cron-reference.ts";
  *   machine names only runs in flight;
  * - a dependency trigger is settled once, acked only when its run is recorded (or its task was
  *   cancelled), never handed back; one not settled is held only while its task cannot run
- *   (paused, or a run in flight with overlap forbid);
+ *   (paused, or a run in flight with overlap forbid) or it waits for a place at its executor;
  * - a manual run refused at a full executor leaves no retry behind.
  *
  * At the end every run in flight is completed, every trigger acked, and everything must be final.
@@ -36,7 +36,7 @@ const T0 = Date.UTC(2026, 0, 1);
 const SECRET = new Uint8Array(32).fill(3);
 const FINAL = new Set(["success", "failed", "timed_out", "refused", "stale", "skipped"]);
 
-function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number; misfireRuns: number; triggers: number; dependencyRuns: number; heldTriggers: number } {
+function history(seed: number): { rounds: number; runs: number; withdrawn: number; timedOut: number; waited: number; misfireRuns: number; triggers: number; dependencyRuns: number; heldTriggers: number; triggersWaitedForPlace: number } {
   const rnd = mulberry32(seed);
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
   const clock = new SimulatedClock(T0);
@@ -119,13 +119,16 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
       }
       pending++;
       const ctx = (lt.row.record as TaskRecord).context;
-      expect(lt.row.state === "paused" || (ctx.overlap === "forbid" && ctx.inFlight.length > 0),
+      const forPlace = d.triggersWaitingForPlace.has(t.runId) || d.triggerPlaces.has(t.runId); // (a place given: decided with its wake mail)
+      if (forPlace) waitedForPlace.add(key);
+      expect(lt.row.state === "paused" || (ctx.overlap === "forbid" && ctx.inFlight.length > 0) || forPlace,
         `trigger ${key} held while task ${t.taskId} can run (${lt.row.state}, ${ctx.inFlight.length} in flight; seed ${seed})`).toBe(true);
     }
     expect(d.heldTriggerMessages()).toHaveLength(pending);
     if (pending) roundsHolding++;
   };
   let roundsHolding = 0; // rounds after which a trigger was held
+  const waitedForPlace = new Set<string>();
 
   const check = (round: Round, pausedBefore: ReadonlySet<number>, now: number) => {
     for (const r of round.write.runInserts) {
@@ -167,7 +170,7 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
     for (const list of round.dispatch.values()) {
       for (const x of list) expect(x.firedAt, "dispatched before its due time").toBeGreaterThanOrEqual(x.scheduledAt);
     }
-    expect(limiter.inFlight("e"), "places at the executor").toBe(d.inFlight.size + d.reserved.size);
+    expect(limiter.inFlight("e"), "places at the executor").toBe(d.inFlight.size + d.reserved.size + d.triggerPlaces.size);
     const runningInPg = [...runs.values()].filter((r) => r.state === "running" && !r.ended).map((r) => r.id).sort();
     expect(runningInPg).toEqual([...d.inFlight.keys()].sort());
     for (const lt of d.live.values()) for (const id of (lt.row.record as TaskRecord).context.inFlight) expect(d.inFlight.has(id)).toBe(true);
@@ -285,12 +288,12 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   for (const r of runs.values()) expect(r.state !== "running" || r.ended !== undefined, `run ${r.id} never ended`).toBe(true);
   const misfireRuns = [...runs.values()].filter((r) => r.source === "misfire").length;
   const dependencyRuns = [...runs.values()].filter((r) => r.source === "dependency" && r.state === "running").length;
-  return { rounds, runs: runs.size, withdrawn, timedOut: d.stats.timedOut, waited: d.stats.waited, misfireRuns, triggers: triggers.size, dependencyRuns, heldTriggers: roundsHolding };
+  return { rounds, runs: runs.size, withdrawn, timedOut: d.stats.timedOut, waited: d.stats.waited, misfireRuns, triggers: triggers.size, dependencyRuns, heldTriggers: roundsHolding, triggersWaitedForPlace: waitedForPlace.size };
 }
 
 describe("shard decisions: random histories (fixed seeds)", () => {
   it("keep their invariants over 60 histories of 400 steps", () => {
-    const totals = { rounds: 0, runs: 0, withdrawn: 0, timedOut: 0, waited: 0, misfireRuns: 0, triggers: 0, dependencyRuns: 0, heldTriggers: 0 };
+    const totals = { rounds: 0, runs: 0, withdrawn: 0, timedOut: 0, waited: 0, misfireRuns: 0, triggers: 0, dependencyRuns: 0, heldTriggers: 0, triggersWaitedForPlace: 0 };
     for (let seed = 1; seed <= 60; seed++) {
       const h = history(seed);
       for (const k of Object.keys(totals) as Array<keyof typeof totals>) totals[k] += h[k];
@@ -304,6 +307,7 @@ describe("shard decisions: random histories (fixed seeds)", () => {
     // Dependency triggers: many become runs, many wait (held) for a run in flight or a resume first.
     expect(totals.dependencyRuns).toBeGreaterThan(200);
     expect(totals.heldTriggers).toBeGreaterThan(100);
+    expect(totals.triggersWaitedForPlace).toBeGreaterThan(20);
     console.log(JSON.stringify(totals));
   });
 });

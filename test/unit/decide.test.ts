@@ -750,6 +750,61 @@ describe("shard decisions: dependency triggers", () => {
     expect(s2.d.heldTriggerMessages()).toEqual([]);
   });
 
+  it("its executor full: held for a place in due order, the task's schedule untouched; the freed place fires it with its lineage", () => {
+    const s = setup({ limit: 1 });
+    const row = s.add(task(1, T0 + 60_000));
+    s.limiter.force("e");
+    const t = trig();
+    let r = s.decide([{ t: "trigger", trig: t, msg: s.msg }]);
+    expect([r.acks.length, r.naks.length, r.write.runInserts.length]).toEqual([0, 0, 0]);
+    expect([row.state, row.nextDueMs, row.nextSource]).toEqual(["pending", T0 + 60_000, "rate"]);
+    expect(s.d.triggersWaitingForPlace.get(dependencyRunId(t))).toBe("e");
+    // Rounds meanwhile do not take it out of the queue, nor give it a place ahead of it.
+    r = s.decide([s.cmd({ type: "load", taskId: 1 })]);
+    expect(r.write.runInserts).toEqual([]);
+    expect(s.limiter.waiting("e")).toBe(1);
+    s.limiter.release("e");
+    expect(s.told).toEqual([{ t: "wake" }]);
+    expect(s.limiter.inFlight("e")).toBe(1); // the place is the trigger's
+    r = s.decide(s.told.splice(0));
+    expect(r.write.runInserts.map((x) => [x.id, x.source, x.state, x.upstreamRuns])).toEqual([[dependencyRunId(t), "dependency", "running", ["r1"]]]);
+    expect(r.acks).toHaveLength(1);
+    expect(s.limiter.inFlight("e")).toBe(1);
+    expect(s.d.triggerPlaces.size + s.d.triggersWaitingForPlace.size).toBe(0);
+    expect(row.nextDueMs).toBe(T0 + 60_000);
+  });
+
+  it("held for a place, then its task is cancelled: dropped, and the place it was given goes back", () => {
+    const s = setup({ limit: 1 });
+    s.add(task(1, T0 + 60_000));
+    s.limiter.force("e");
+    s.decide([{ t: "trigger", trig: trig(), msg: s.msg }]);
+    s.limiter.release("e"); // given to the trigger, its mail not decided yet
+    const r = s.decide([s.cmd({ type: "cancel", taskId: 1 }), ...s.told.splice(0)]);
+    expect(r.write.runInserts).toEqual([]);
+    expect(r.acks).toHaveLength(1);
+    expect(s.limiter.inFlight("e")).toBe(0);
+    expect(s.d.triggerPlaces.size + s.d.triggersWaitingForPlace.size).toBe(0);
+  });
+
+  it("held for a place, then paused: the place it is given goes back at once; resumed, it takes a free one and runs", () => {
+    const s = setup({ limit: 1 });
+    const row = s.add(task(1, T0 + 60_000));
+    s.limiter.force("e");
+    const t = trig();
+    s.decide([{ t: "trigger", trig: t, msg: s.msg }]);
+    s.decide([s.cmd({ type: "pause", taskId: 1 })]);
+    s.limiter.release("e");
+    let r = s.decide(s.told.splice(0));
+    expect(r.write.runInserts).toEqual([]);
+    expect(s.limiter.inFlight("e")).toBe(0); // not kept by a paused task
+    expect(s.d.heldTriggerMessages()).toHaveLength(1);
+    r = s.decide([s.cmd({ type: "resume", taskId: 1 })]);
+    expect(r.write.runInserts.map((x) => [x.id, x.source])).toEqual([[dependencyRunId(t), "dependency"]]);
+    expect(s.limiter.inFlight("e")).toBe(1);
+    expect(row.state).toBe("running");
+  });
+
   it("held triggers go back to JetStream when the shard stops (dropInFlight), for the next owner", () => {
     const s = setup();
     s.add(task(1, T0 + 60_000));
