@@ -439,3 +439,40 @@ describe("dependencies", () => {
     expect(callsOf("kt-b")).toHaveLength(1);
   });
 });
+
+describe("dependencies at a full executor", () => {
+  // One place per executor per node: a long run of another task holds the downstream's executor.
+  const full = new TestCluster("depfull", { AX_MAX_IN_FLIGHT: "1" });
+  let release = () => undefined as void; // (a failure before the test lets the blocking run go must not hang the teardown)
+  afterAll(async () => { release(); await full.teardown(); }, 60_000);
+
+  it("the trigger waits for a place: no refusal, the downstream's own schedule untouched; it runs with its lineage once the place frees", async () => {
+    await full.startNode("f1");
+    await full.waitForShards();
+    const gate = new Promise<void>((r) => { release = r; });
+    const started: string[] = [];
+    const up = await full.startExecutor("fup", () => undefined);
+    const slow = await full.startExecutor("fslow", async (ctx) => { started.push(ctx.taskName); if (ctx.taskName === "fblock") await gate; });
+    await Promise.all([up.registered, slow.registered]);
+    const c = await full.client();
+    await c.call("task.create", { name: "fblock", executor: "fslow", delay: "1h", timeout: "2m" });
+    await c.call("task.create", { name: "fa", executor: "fup", delay: "1h" });
+    await c.call("task.create", { name: "fb", executor: "fslow", every: "1h", after: ["fa"] });
+    const fbBefore = await c.call<{ nextDueAt: string; nextSource: string }>("task.show", { task: "fb" });
+    await c.call("run", { task: "fblock" });
+    await waitFor(() => started.includes("fblock"), 10_000, "fblock holds fslow's only place");
+    const ra = (await c.call<{ runId: string }>("run", { task: "fa" })).runId;
+    await waitFor(async () => (await c.call<Run[]>("runs", { task: "fa" }))[0]?.state === "success", 10_000, "fa succeeded");
+    await sleep(3000); // the trigger has reached fb's shard and waits there
+    expect(await c.call<Run[]>("runs", { task: "fb" }), "no run of fb (none refused) while fslow is full").toEqual([]);
+    const fbWaiting = await c.call<{ nextDueAt: string; nextSource: string }>("task.show", { task: "fb" });
+    expect([fbWaiting.nextDueAt, fbWaiting.nextSource]).toEqual([fbBefore.nextDueAt, fbBefore.nextSource]);
+    release();
+    await waitFor(async () => (await c.call<Run[]>("runs", { task: "fb" }))[0]?.state === "success", 15_000, "fb ran once fblock ended");
+    const fb = await c.call<Run[]>("runs", { task: "fb" });
+    expect(fb.map((r) => [r.source, r.state, r.upstreamRuns])).toEqual([["dependency", "success", [ra]]]);
+    const fbAfter = await c.call<{ nextDueAt: string }>("task.show", { task: "fb" });
+    expect(fbAfter.nextDueAt).toBe(fbBefore.nextDueAt);
+    expect(started.filter((t) => t === "fb")).toHaveLength(1);
+  }, 60_000);
+});
