@@ -142,7 +142,17 @@ export function failoverScenario(label: string, deploy: (procs: RedisProcs) => P
     }, 20_000, "victim shards' index rebuilt after the failover", 100);
     await waitFor(async () => (await runs(lateAt - 1000)).filter((r) => late.includes(r.task)).length === late.length, 25_000, "the one-shot tasks only the dead master knew to fire", 250);
     const tEnd = Date.now() + 2000;
-    await waitFor(async () => { const r = await runs(tEnd); return [...step.keys()].every((t) => r.some((x) => x.task === t)); }, 20_000, "every task fired after the failover", 250);
+    try {
+      await waitFor(async () => { const r = await runs(tEnd); return [...step.keys()].every((t) => r.some((x) => x.task === t)); }, 20_000, "every task fired after the failover", 250);
+    } catch (e) {
+      // Which tasks did not fire, and where their rows point: a stranded task names its shard.
+      const r = await runs(tEnd);
+      const missing = [...step.keys()].filter((t) => !r.some((x) => x.task === t));
+      const rows = (await store.pool.query("select name, shard, state, next_due_ms, next_source from tasks where name = any($1)", [missing])).rows;
+      const now = Date.now();
+      throw new Error(`${(e as Error).message}; not fired since +${tEnd - tKill} ms after the kill: ${rows.map((x) =>
+        `${x.name} (shard ${x.shard}${v.shards.includes(x.shard) ? ", victim" : ""}, ${x.state}, next ${x.next_source} ${x.next_due_ms === null ? "none" : `${Number(x.next_due_ms) - now} ms from now`})`).join("; ")}`);
+    }
 
     // One run per slot: the window from before the kill to after the late tasks.
     const rows = await runs(t0 - 2000);
