@@ -17,7 +17,7 @@ export function stubDecisions(clock: SimulatedClock, o: { shard?: number; epoch?
   const limiter = new InFlightLimiter(o.limit ?? 1000);
   const horizon = new Horizon({
     shard, tickMs: 20, wheelSize: 512, clock, log: silentLogger, horizonMs: o.horizonMs ?? 5000, leadMs: o.leadMs ?? 100,
-    due: { rebuild: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
+    due: { rebuildFrom: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
     onDue: () => undefined, onRefilled: () => undefined, active: () => false,
   });
   const d = new ShardDecisions({

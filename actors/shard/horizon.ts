@@ -21,7 +21,7 @@ export interface HorizonOptions {
   wheelSize: number;
   clock: Clock;
   log: Logger;
-  due: Pick<DueIndex, "rebuild" | "takeDue">;
+  due: Pick<DueIndex, "rebuildFrom" | "takeDue">;
   store: Pick<Store, "dueOfShard">;
   /** How far ahead due times are taken from Redis into the wheel (default: the wheel's span, at most 10 s). */
   horizonMs?: number;
@@ -51,6 +51,11 @@ export interface HorizonOptions {
   onRefilled: (items: Array<{ id: number; dueMs: number }>) => void;
   /** The shard is active (refills stop otherwise). */
   active: () => boolean;
+  /**
+   * The due times the shard's decisions hold in memory that neither the wheel nor a wait for a
+   * place keeps: a rebuild of the index puts them back (DueIndex.rebuildFrom).
+   */
+  inMemory?: () => Array<{ id: number; dueMs: number }>;
 }
 
 /** The furthest ahead a shard holds due times on its wheel (less with a smaller tick × wheel size). */
@@ -285,8 +290,8 @@ export class Horizon {
           if (taken === null) {
             // Once per refill: should it still be missing right after, the next refill tries again.
             if (rebuilt) break;
-            this.o.log.warn("due index missing in Redis: rebuilding from PostgreSQL");
-            await this.o.due.rebuild(this.o.shard, await this.o.store.dueOfShard(this.o.shard));
+            this.o.log.warn("due index missing in Redis: rebuilding from the shard's memory and PostgreSQL");
+            await this.o.due.rebuildFrom(this.o.shard, { memory: () => this.o.inMemory?.() ?? [], stored: () => this.o.store.dueOfShard(this.o.shard) });
             rebuilt = true;
             continue;
           }

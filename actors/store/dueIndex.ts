@@ -78,9 +78,10 @@ export class DueIndex {
     return `connection ${this.connections}`;
   }
 
-  async add(shard: number, entries: ReadonlyArray<{ id: number; dueMs: number }>): Promise<void> {
+  /** Sets the entries' due times; `onlyNew`: leaves a task's entry that is already there as it is (ZADD NX). */
+  async add(shard: number, entries: ReadonlyArray<{ id: number; dueMs: number }>, onlyNew = false): Promise<void> {
     for (let i = 0; i < entries.length; i += 1000) {
-      const args: Array<string | number> = [];
+      const args: Array<string | number> = onlyNew ? ["NX"] : [];
       for (const e of entries.slice(i, i + 1000)) args.push(e.dueMs, e.id);
       await this.redis.zadd(this.dueKey(shard), ...args);
     }
@@ -128,12 +129,28 @@ export class DueIndex {
 
   /** Replaces the shard's index with `entries` (read from PostgreSQL) and marks it built. */
   async rebuild(shard: number, entries: ReadonlyArray<{ id: number; dueMs: number }>): Promise<void> {
+    await this.rebuildFrom(shard, { stored: async () => entries });
+  }
+
+  /**
+   * Rebuilds the index of a shard that is active here (a failover lost it, or lost its latest
+   * writes): emptied, then filled with the due times its actor holds in memory (`memory`,
+   * called once the index is empty) and then those PostgreSQL holds (`stored`, read after
+   * that), neither overwriting an entry already there. PostgreSQL's rows alone are not enough:
+   * a fire's task-row write waits for the run's end (AX_TASK_WRITE_DEFER), so a row may still
+   * name the slot just fired while the next due time was in the lost writes; rebuilt from it,
+   * the task was stranded (the stale entry was superseded when it came due, and nothing held
+   * the next one). And the rounds go on meanwhile: an entry one adds after the index was emptied
+   * is newer than a snapshot or a read taken before it, so none is overwritten.
+   */
+  async rebuildFrom(shard: number, from: { memory?: () => ReadonlyArray<{ id: number; dueMs: number }>; stored: () => Promise<ReadonlyArray<{ id: number; dueMs: number }>> }): Promise<void> {
     // The server before the first write: should it change while rebuilding, the next check
     // sees a different one and rebuilds again on the new server.
     const on = this.serverOf(shard);
     this.builtOn.delete(shard);
     await this.redis.del(this.dueKey(shard));
-    await this.add(shard, entries);
+    if (from.memory) await this.add(shard, from.memory(), true);
+    await this.add(shard, await from.stored(), true);
     await this.redis.set(this.markerKey(shard), String(Date.now()));
     this.builtOn.set(shard, on);
   }

@@ -176,6 +176,23 @@ describe("store", () => {
     expect(await due.size(1)).toBe(fromPg.length);
   });
 
+  it("due index: a rebuild of an active shard puts memory's due times over PostgreSQL's, and overwrites no entry a round adds meanwhile", async () => {
+    await due.rebuild(3, [{ id: 1, dueMs: 100 }, { id: 9, dueMs: 900 }]); // (before: what the rebuild empties)
+    const take = async () => (await due.takeDue(3, 1e15, 100))!.items.map((x) => [x.id, x.dueMs]).sort((a, b) => a[0]! - b[0]!);
+    await due.rebuildFrom(3, {
+      // Task 1's next due time is in memory only (its row's write deferred); task 2 is PostgreSQL's alone.
+      memory: () => [{ id: 1, dueMs: 6000 }],
+      stored: async () => {
+        // A round that rescheduled task 3 while the rebuild read PostgreSQL: its entry, added after
+        // the index was emptied, is newer than the read and stays.
+        await due.add(3, [{ id: 3, dueMs: 7000 }]);
+        return [{ id: 1, dueMs: 100 }, { id: 2, dueMs: 200 }, { id: 3, dueMs: 300 }];
+      },
+    });
+    expect(await due.isBuilt(3)).toBe(true);
+    expect(await take()).toEqual([[1, 6000], [2, 200], [3, 7000]]);
+  });
+
   it("prunes old history in batches and keeps running runs", async () => {
     const t = (await store.getTask("a"))!;
     const epoch = (await store.listShards()).find((s) => s.shard === 1)!.epoch;

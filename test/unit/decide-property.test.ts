@@ -45,7 +45,7 @@ function history(seed: number): { rounds: number; runs: number; withdrawn: numbe
   const came: Array<{ dueMs: number; item: WheelItem }> = [];
   const horizon = new Horizon({
     shard: 0, tickMs: 20, wheelSize: 256, clock, log: silentLogger, horizonMs: 4000, leadMs: 100,
-    due: { rebuild: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
+    due: { rebuildFrom: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
     onDue: (items) => { came.push(...items); }, onRefilled: () => undefined, active: () => true,
   });
   const told: Mail[] = [];

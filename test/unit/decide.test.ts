@@ -48,7 +48,7 @@ function setup(opts: { limit?: number; covered?: boolean; acquiredMs?: number; d
   const limiter = new InFlightLimiter(opts.limit ?? 10, { max: opts.maxAhead ?? 0, holds: (e) => !!opts.holds && e === "e" });
   const horizon = new Horizon({
     shard: 3, tickMs: 20, wheelSize: 512, clock, log: silentLogger, horizonMs: 5000, leadMs: 100,
-    due: { rebuild: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
+    due: { rebuildFrom: async () => undefined, takeDue: async () => ({ items: [], nextDueMs: null }) }, store: { dueOfShard: async () => [] },
     onDue: () => undefined, onRefilled: () => undefined, active: () => false,
   });
   const told: Mail[] = [];

@@ -8,7 +8,7 @@ import { Horizon, type DueIndexChanges, type WheelItem } from "../../actors/shar
  * index here is a sorted list in memory standing in for Redis' sorted set: these tests are
  * about the horizon's bookkeeping, the real index has its own (test/integration).
  */
-function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: number; perStep?: number; builtAfterRebuild?: boolean } = {}) {
+function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: number; perStep?: number; builtAfterRebuild?: boolean; inMemory?: () => Array<{ id: number; dueMs: number }> } = {}) {
   const clock = new SimulatedClock();
   const index = new Map<number, number>(); // task → due, the "Redis" side
   const pgDue: Array<{ id: number; dueMs: number }> = []; // what a rebuild reads from PostgreSQL
@@ -23,10 +23,12 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
     ...(opts.decideStepMs !== undefined ? { decideStepMs: opts.decideStepMs } : {}),
     ...(opts.perStep !== undefined ? { perStep: opts.perStep } : {}),
     due: {
-      rebuild: async (_s: number, entries: ReadonlyArray<{ id: number; dueMs: number }>) => {
+      rebuildFrom: async (_s: number, from: { memory?: () => ReadonlyArray<{ id: number; dueMs: number }>; stored: () => Promise<ReadonlyArray<{ id: number; dueMs: number }>> }) => {
         built.rebuilds++;
         index.clear();
-        for (const e of entries) index.set(e.id, e.dueMs);
+        // (as DueIndex.rebuildFrom: neither overwrites an entry already there, memory first)
+        for (const e of from.memory?.() ?? []) if (!index.has(e.id)) index.set(e.id, e.dueMs);
+        for (const e of await from.stored()) if (!index.has(e.id)) index.set(e.id, e.dueMs);
         built.now = opts.builtAfterRebuild ?? true;
       },
       takeDue: async (_s: number, untilMs: number, limit: number) => {
@@ -42,6 +44,7 @@ function setup(opts: { horizonMs?: number; leadMs?: number; decideStepMs?: numbe
     onDue: (items) => { for (const i of items) came.push({ ...i, at: clock.now() }); },
     onRefilled: (items) => { refilled.push(...items); },
     active: () => active,
+    ...(opts.inMemory ? { inMemory: opts.inMemory } : {}),
   });
   const changes = (): DueIndexChanges => ({ redisAdd: [], redisRemove: [] });
   return { clock, index, pgDue, built, came, refilled, takes, h, changes, stop: () => { active = false; h.halt(); } };
@@ -304,6 +307,24 @@ describe("shard horizon", () => {
     expect(again.built.rebuilds).toBe(1);
     expect(again.refilled).toEqual([]);
     stop(); again.stop();
+  });
+
+  it("refill: a rebuild takes the due times the shard holds in memory over the rows PostgreSQL may still hold stale", async () => {
+    // Task 5 fired at `now - 100` with its row's write deferred to the run's end: PostgreSQL
+    // still names that slot; its next due time (beyond the horizon) was in the writes the
+    // failover lost. Rebuilt from PostgreSQL alone, the stale entry came due, was superseded,
+    // and the task was stranded.
+    const memory = [{ id: 5, dueMs: 0 }];
+    const { clock, h, index, pgDue, built, refilled, stop } = setup({ horizonMs: 2000, inMemory: () => memory });
+    const now = clock.now();
+    memory[0]!.dueMs = now + 6000;
+    built.now = false;
+    pgDue.push({ id: 5, dueMs: now - 100 }, { id: 6, dueMs: now + 7000 });
+    await h.refill();
+    expect(built.rebuilds).toBe(1);
+    expect(refilled).toEqual([]);
+    expect([...index].sort((a, b) => a[0] - b[0])).toEqual([[5, now + 6000], [6, now + 7000]]);
+    stop();
   });
 
   /**
