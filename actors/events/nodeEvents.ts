@@ -6,9 +6,9 @@ import {
 
 /**
  * A delivered message, or the part of one that concerns one shard (a node-level event batch is
- * split per shard, and acked when every part was).
+ * split per shard, and acked when every part was). `working`: JetStream's "in progress", which
+ * restarts the message's ack wait while it is held.
  */
-/** A message to settle; `working` (JetStream's "in progress") restarts its ack wait while it is held. */
 export interface Ackable { ack(): void; nak(delayMs?: number): void; working?(): void; info?: { deliveryCount?: number } }
 
 /** What the router needs of a shard actor: take a shard's part of a batch, or say it is not active. */

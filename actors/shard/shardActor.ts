@@ -539,7 +539,8 @@ export class ShardActor implements EventSink {
     }, Math.floor(DEPENDENCY_ACK_WAIT_MS / 3));
   }
 
-  private clearFlush(): void {
+  /** The flush and the keep-alive of held triggers (the shard stops). */
+  private clearTimers(): void {
     if (this.flushTimer !== null) { this.d.clock.clearTimeout(this.flushTimer); this.flushTimer = null; }
     if (this.keepHeldTimer !== null) { this.d.clock.clearTimeout(this.keepHeldTimer); this.keepHeldTimer = null; }
   }
@@ -556,7 +557,7 @@ export class ShardActor implements EventSink {
     // (and the entries come back to Redis with the rest of the wheel below).
     await this.horizon.settled();
     // Fires whose task rows wait: written now, so the next owner has nothing to redo.
-    this.clearFlush();
+    this.clearTimers();
     if (this.unwrittenFires.size) this.tell({ t: "flush", taskIds: [...this.unwrittenFires.keys()] });
     this.unwrittenFires.clear();
     await this.quiet();
@@ -582,7 +583,7 @@ export class ShardActor implements EventSink {
   fence(reason = "lease lost"): void {
     if (this.state === "stopped") return;
     this.state = "stopped";
-    this.clearFlush(); // the rows not written are the next owner's to redo (see start)
+    this.clearTimers(); // the rows not written are the next owner's to redo (see start)
     // The releaser thread publishes none of this shard's runs from here on (the node's own
     // release path asks whether the shard is still releasable, as before).
     this.d.persister.revoke(this.shard);
