@@ -533,7 +533,7 @@ export class ShardDecisions {
       }
       placed = true;
     }
-    const beforeFire = { record: row.record, state: row.state };
+    const recordBefore = row.record; const stateBefore = row.state; // (a refused caller's run puts them back)
     const res = this.transition(lt, { type: "FIRE", runId, source, ...(opts.manual?.force ? { force: true } : {}) });
     if (!res.ok && placed) this.p.limiter.release(row.executor, ahead);
     const base: RunInsert = {
@@ -576,7 +576,7 @@ export class ShardDecisions {
       // second try were two runs), and the task is as it was: its state, its attempts, its
       // schedule's pointer.
       this.stats.refused++;
-      row.record = beforeFire.record; row.state = beforeFire.state;
+      row.record = recordBefore; row.state = stateBefore;
       const why = `refused: executor ${row.executor} has ${this.p.limiter.inFlight(row.executor)} runs in flight (limit ${this.p.limiter.limitOf(row.executor)}); nothing was run, try again later`;
       const error = new AxError("AX_E_UNAVAILABLE", why, { field: "executor", value: row.executor }).toJSON();
       if (opts.manual) {
