@@ -362,7 +362,8 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
     .option("--payload <json>", "payload for this run only").option("--force", "run even if the task is paused (never bypasses one-in-flight)")
     .option("--wait", "wait for the outcome (following retries) and exit with it: 0 success, 5 failed / timed out / stale / cancelled")
     .option("--wait-timeout <dur>", "with --wait: give up waiting after DUR (the run goes on)", "1h").option("--json")
-    .addHelpText("after", "\nax run cancel RUN aborts the run through its handler's AbortSignal (the run fails for good, no retry).\n")
+    .addHelpText("after", "\nax run cancel RUN aborts the run through its handler's AbortSignal (the run fails for good, no retry).\n" +
+      "At an executor with as many runs in flight as its bound, the run is refused (exit 1, recorded `refused`) and nothing runs later on its own: run it again.\n")
     .action(async (ref: string, runArg: string | undefined, o: { payload?: string; force?: boolean; wait?: boolean; waitTimeout: string; json?: boolean }) => {
       if (ref === "cancel" && runArg !== undefined) {
         const r = await withClient((c) => c.call<{ run: string; instance: string }>("run.cancel", { run: runArg }));
