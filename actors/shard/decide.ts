@@ -324,18 +324,29 @@ export class ShardDecisions {
     if (this.triggersWaitingForPlace.get(runId) === executor) return false; // queued: no jumping the queue
     if (this.p.limiter.tryAcquire(executor)) { this.triggersWaitingForPlace.delete(runId); return true; }
     this.triggersWaitingForPlace.set(runId, executor);
+    this.waitForPlace(executor, dueMs, () => this.triggersWaitingForPlace.get(runId) === executor, () => {
+      this.triggersWaitingForPlace.delete(runId);
+      this.triggerPlaces.set(runId, executor);
+      this.p.tell({ t: "wake" });
+    });
+    return false;
+  }
+
+  /**
+   * Queues for a place at `executor` in the node's limiter, earliest due first: `granted` runs
+   * when it gives one while `stillWaiting` holds (on a shard still active here); otherwise the
+   * place goes to the next waiter.
+   */
+  private waitForPlace(executor: string, dueMs: number, stillWaiting: () => boolean, granted: () => void): void {
     this.stats.waited++;
     this.p.limiter.wait(executor, {
       dueMs,
       wake: () => {
-        if (!this.p.active() || this.triggersWaitingForPlace.get(runId) !== executor) return false;
-        this.triggersWaitingForPlace.delete(runId);
-        this.triggerPlaces.set(runId, executor);
-        this.p.tell({ t: "wake" });
+        if (!this.p.active() || !stillWaiting()) return false;
+        granted();
         return true;
       },
     });
-    return false;
   }
 
   /** Why a dependency trigger of this task cannot become a run now (null: it can). */
@@ -640,17 +651,11 @@ export class ShardDecisions {
     round.touched.add(id);
     if (this.waitingForCapacity.get(id) === dueMs) return;
     this.waitingForCapacity.set(id, dueMs);
-    this.stats.waited++;
     const executor = lt.row.executor;
-    this.p.limiter.wait(executor, {
-      dueMs,
-      wake: () => {
-        if (!this.p.active() || this.waitingForCapacity.get(id) !== dueMs) return false;
-        this.waitingForCapacity.delete(id);
-        this.reserved.set(id, executor);
-        this.p.tell({ t: "capacity", taskId: id, dueMs, executor });
-        return true;
-      },
+    this.waitForPlace(executor, dueMs, () => this.waitingForCapacity.get(id) === dueMs, () => {
+      this.waitingForCapacity.delete(id);
+      this.reserved.set(id, executor);
+      this.p.tell({ t: "capacity", taskId: id, dueMs, executor });
     });
   }
 
