@@ -107,7 +107,7 @@ export class ShardDecisions {
    * second instead, a trigger waiting for a run longer than AX_DEAD_AFTER seconds was counted
    * as failing and parked in the dead-letter stream: the downstream's run never happened.
    */
-  readonly heldTriggers = new Map<number, Array<{ trig: DependencyTrigger; msg: Ackable }>>();
+  readonly heldTriggers = new Map<number, Array<{ trig: DependencyTrigger; msg: Ackable; runId: string }>>();
   /**
    * Held triggers whose executor was full, queued in the node's limiter with the other runs
    * waiting for a place, earliest due first (run id → executor); and the places it gave them,
@@ -284,16 +284,16 @@ export class ShardDecisions {
   /** Held dependency triggers of tasks this round left able to run (or gone): decided now. */
   private decideHeldTriggers(round: Round, now: number, canFire: boolean, recorded: ReadonlySet<string>): void {
     if (!canFire) return; // held on; if the shard is handed over, dropInFlight gives them back
-    const ready: Array<{ trig: DependencyTrigger; msg: Ackable }> = [];
+    const ready: Array<{ trig: DependencyTrigger; msg: Ackable; runId: string }> = [];
     for (const [taskId, list] of this.heldTriggers) {
       const lt = this.live.get(taskId);
       if (lt && this.triggerWaits(lt)) {
         // Paused or running again: no place is kept (nor queued for) while it cannot be used.
-        for (const h of list) this.dropTriggerPlace(dependencyRunId(h.trig));
+        for (const h of list) this.dropTriggerPlace(h.runId);
         continue;
       }
       // (one still queued for a place at its executor stays held until the limiter gives it one)
-      const waiting = lt ? list.filter((h) => this.triggersWaitingForPlace.has(dependencyRunId(h.trig))) : [];
+      const waiting = lt ? list.filter((h) => this.triggersWaitingForPlace.has(h.runId)) : [];
       if (waiting.length === list.length) continue;
       if (waiting.length) this.heldTriggers.set(taskId, waiting); else this.heldTriggers.delete(taskId);
       for (const h of list) if (!waiting.includes(h)) ready.push(h);
@@ -301,9 +301,10 @@ export class ShardDecisions {
     for (const h of ready) this.onDependencyTrigger(round, h.trig, h.msg, now, recorded);
   }
 
-  private holdTrigger(taskId: number, trig: DependencyTrigger, msg: Ackable): void {
+  /** (its run id kept with it: the rounds that look at a held trigger do not derive it again) */
+  private holdTrigger(taskId: number, trig: DependencyTrigger, msg: Ackable, runId: string): void {
     const list = this.heldTriggers.get(taskId);
-    if (list) list.push({ trig, msg }); else this.heldTriggers.set(taskId, [{ trig, msg }]);
+    if (list) list.push({ trig, msg, runId }); else this.heldTriggers.set(taskId, [{ trig, msg, runId }]);
   }
 
   /** A trigger settled or held for another reason: out of the limiter's queue, its place (if given) back. */
@@ -840,13 +841,13 @@ export class ShardDecisions {
       // Waits unacked for the run in flight to end (or a resume), then is decided again; a place
       // it was given meanwhile goes to the next waiter.
       this.dropTriggerPlace(runId);
-      this.holdTrigger(lt.row.id, trig, msg);
+      this.holdTrigger(lt.row.id, trig, msg, runId);
       return;
     }
     if (!this.placeForTrigger(runId, lt.row.executor, trig.at)) {
       // Its executor is full: waits, unacked, for a place in due order like a scheduled run (the
       // task's own schedule is not touched), and is decided again once the limiter gives it one.
-      this.holdTrigger(lt.row.id, trig, msg);
+      this.holdTrigger(lt.row.id, trig, msg, runId);
       return;
     }
     const before = this.stats.fired;
