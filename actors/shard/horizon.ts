@@ -124,6 +124,21 @@ export class Horizon {
   /** Entries on the wheel (due times and timeouts). */
   get size(): number { return this.wheel.size; }
 
+  /**
+   * How long until the wheel's tick that hands over the next step of the decision grid (the next
+   * tick without a grid): mail that can wait for a round goes with that step's due times, one
+   * round instead of two, and every shard of the node decides it in the same turn.
+   */
+  nextStepDelayMs(): number {
+    const { clock, tickMs } = this.o;
+    const now = clock.now(); const mono = clock.monotonic();
+    const step = this.decideStepMs;
+    // As the wheel places an entry due at the step's wall time (HashedWheel.place): the first tick at or after it.
+    const monoDeadline = step > 0 ? mono + (Math.floor(now / step) + 1) * step - now : mono;
+    const tick = Math.max(Math.ceil(monoDeadline / tickMs), Math.floor(mono / tickMs) + 1);
+    return Math.max(0, tick * tickMs - mono);
+  }
+
   start(): void { this.wheel.start(); }
 
   /** Stops the wheel and the refills (a refill in flight finishes: see settled). */

@@ -408,4 +408,28 @@ describe("shard horizon", () => {
     clock.advance(1500);
     expect(came.map((c) => [c.item, c.at])).toEqual([[{ k: 0, id: 9, due }, h.decideAt(due)]]);
   });
+
+  it("nextStepDelayMs is the tick that hands over the next step's due times, whatever the wall clock's offset (seeded)", () => {
+    let seed = 7;
+    const rnd = () => { seed = (seed * 1103515245 + 12345) % 2 ** 31; return seed / 2 ** 31; };
+    for (let i = 0; i < 300; i++) {
+      const { clock, h, changes, came } = setup({ leadMs: 500, decideStepMs: 100 });
+      // Wall and monotonic readings apart by any amount, fractions of a ms included.
+      clock.stepWall(rnd() * 1000);
+      clock.advance(rnd() * 250);
+      h.start();
+      const delay = h.nextStepDelayMs();
+      const nextStep = (Math.floor(clock.now() / 100) + 1) * 100;
+      // Due within the step decided at nextStep (leadMs ahead): its entry comes up with that step.
+      const due = nextStep + 500 + Math.floor(rnd() * 100);
+      h.schedule(changes(), 1, due);
+      const mono0 = clock.monotonic();
+      clock.advance(delay - 1e-6);
+      expect(came, `case ${i}: not before the delay`).toEqual([]);
+      clock.advance(2e-6);
+      expect(came.map((c) => c.item), `case ${i}: at the delay (${delay} ms after ${mono0})`).toEqual([{ k: 0, id: 1, due }]);
+      expect(delay).toBeGreaterThan(0);
+      expect(delay).toBeLessThanOrEqual(100 + 10);
+    }
+  });
 });
