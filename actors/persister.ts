@@ -217,10 +217,14 @@ export class Persister {
           for (const m of messages) for (const r of m.runs) this.held.set(r.runId, m);
           const createdMs = this.d.clock.now();
           const records: DispatchRecord[] = messages.map((m) => ({ id: m.id, executor: m.executor, node: this.d.nodeId, runIds: m.runs.map((r) => r.runId), createdMs }));
-          const { stale } = await this.writeWithRetry(batch.map((b) => b.write), records);
+          const { stale, failed } = await this.writeIsolating(batch.map((b) => b.write), records);
           const staleSet = new Set(stale);
-          const published = this.publish(messages, staleSet);
-          for (const b of batch) b.resolve({ stale: staleSet.has(b.write.shard), published });
+          // The runs of a shard whose part was refused or not written are not published.
+          const published = this.publish(messages, failed.size ? new Set([...staleSet, ...failed.keys()]) : staleSet);
+          for (const b of batch) {
+            if (failed.has(b.write.shard)) b.reject(failed.get(b.write.shard));
+            else b.resolve({ stale: staleSet.has(b.write.shard), published });
+          }
           this.stats.batches++;
           this.stats.maxBatchWrites = Math.max(this.stats.maxBatchWrites, batch.length);
           this.stats.rows += batch.reduce((n, b) => n + b.write.runInserts.length + b.write.runUpdates.length + b.write.taskUpdates.length, 0);
@@ -586,19 +590,56 @@ export class Persister {
   /** When the run's dispatch landed, if it landed late (see noteLanded). */
   landedAt(runId: string): number | undefined { return this.landedLate.get(runId); }
 
+  /**
+   * The batch's write; when PostgreSQL refuses it for its data (a row one shard's round made: a
+   * constraint, a trigger, a value out of range), each shard's part is written alone, in queue
+   * order, and only the shards whose part is refused again fail (`failed`; they restart from
+   * PostgreSQL). Without this one poison row failed every shard that shared its batch: each of
+   * them restarted, and a shard's consecutive rounds go into the same batches on the decision
+   * grid, so a poison event took its neighbours down with it on every delivery.
+   */
+  private async writeIsolating(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[]; failed: Map<number, unknown> }> {
+    try {
+      return { ...(await this.writeWithRetry(writes, records)), failed: new Map() };
+    } catch (e) {
+      const shards = [...new Set(writes.map((w) => w.shard))];
+      if (shards.length < 2 || !refusedForData(e)) throw e;
+      this.d.log.warn({ err: String(e), shards: shards.length }, "batch write refused for its data; writing each shard's part alone");
+      const stale: number[] = []; const failed = new Map<number, unknown>();
+      for (const shard of shards) {
+        try {
+          stale.push(...(await this.writeWithRetry(writes.filter((w) => w.shard === shard), records)).stale);
+        } catch (err) { failed.set(shard, err); }
+      }
+      if (failed.size) this.d.log.error({ shards: [...failed.keys()], err: String(failed.values().next().value) }, "a shard's part of a batch write was refused; that shard restarts");
+      return { stale, failed };
+    }
+  }
+
   private async writeWithRetry(writes: ShardWrite[], records: DispatchRecord[]): Promise<{ stale: number[] }> {
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.d.store.writeBatch(writes, records);
       } catch (e) {
         // PostgreSQL restarting or a serialization hiccup: retry briefly; the caller keeps its
-        // effects (dispatches, acks) until the write is in.
-        if (attempt >= 8) throw e;
+        // effects (dispatches, acks) until the write is in. A write refused for its data would
+        // be refused again: not retried.
+        if (attempt >= 8 || refusedForData(e)) throw e;
         this.d.log.warn({ err: String(e), attempt }, "batch write failed; retrying");
         await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
       }
     }
   }
+}
+
+/**
+ * PostgreSQL refused the statement for what it wrote (SQLSTATE classes 22 data exception, 23
+ * integrity constraint, P0 raised by a trigger or function), not for the connection, the server's
+ * state or a conflict with another transaction: writing it again gives the same answer.
+ */
+export function refusedForData(e: unknown): boolean {
+  const code = (e as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^(22|23|P0)/.test(code);
 }
 
 /**
