@@ -186,7 +186,20 @@ export class NatsClusterServer extends ProcServer {
 /** Three clustered nats-servers with JetStream; `url` lists them all (the client fails over). */
 export class NatsCluster {
   private constructor(readonly servers: NatsClusterServer[]) {}
+  /**
+   * Nine ports are picked free and only then bound by three servers: another process can take
+   * one between (a clean-clone CI run once saw n2's client port never answer). A cluster that
+   * does not form is torn down and started again on fresh ports, up to three times.
+   */
   static async start(): Promise<NatsCluster> {
+    for (let attempt = 1; ; attempt++) {
+      try { return await NatsCluster.startOnce(); } catch (e) {
+        if (attempt >= 3) throw e;
+        process.stderr.write(`[fault] the NATS cluster did not form (${String(e)}); again on fresh ports\n`);
+      }
+    }
+  }
+  private static async startOnce(): Promise<NatsCluster> {
     const ports = await Promise.all([0, 1, 2].map(async () => ({ port: await freePort(), cluster: await freePort(), monitor: await freePort() })));
     const servers = ports.map((p, i) => new NatsClusterServer(p.port, p.cluster, p.monitor, `n${i + 1}`, ports.map((q) => q.cluster).filter((c) => c !== p.cluster)));
     const c = new NatsCluster(servers);
