@@ -1,7 +1,7 @@
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { atWallTime, type Clock, type Logger, type Names, type TimerHandle } from "../common/index.ts";
 import { encode, type DispatchRun } from "../protocol/index.ts";
-import type { DispatchRecord, ShardWrite, Store } from "./store/index.ts";
+import { refusedForData, type DispatchRecord, type ShardWrite, type Store } from "./store/index.ts";
 import type { ReleaseOutcome, Releaser } from "./releaser/index.ts";
 
 /** A run to dispatch, with the shard whose round fired it (a node message carries many shards). */
@@ -630,16 +630,6 @@ export class Persister {
       }
     }
   }
-}
-
-/**
- * PostgreSQL refused the statement for what it wrote (SQLSTATE classes 22 data exception, 23
- * integrity constraint, P0 raised by a trigger or function), not for the connection, the server's
- * state or a conflict with another transaction: writing it again gives the same answer.
- */
-export function refusedForData(e: unknown): boolean {
-  const code = (e as { code?: unknown } | null)?.code;
-  return typeof code === "string" && /^(22|23|P0)/.test(code);
 }
 
 /**

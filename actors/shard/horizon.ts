@@ -130,13 +130,8 @@ export class Horizon {
    * round instead of two, and every shard of the node decides it in the same turn.
    */
   nextStepDelayMs(): number {
-    const { clock, tickMs } = this.o;
-    const now = clock.now(); const mono = clock.monotonic();
-    const step = this.decideStepMs;
-    // As the wheel places an entry due at the step's wall time (HashedWheel.place): the first tick at or after it.
-    const monoDeadline = step > 0 ? mono + (Math.floor(now / step) + 1) * step - now : mono;
-    const tick = Math.max(Math.ceil(monoDeadline / tickMs), Math.floor(mono / tickMs) + 1);
-    return Math.max(0, tick * tickMs - mono);
+    const now = this.o.clock.now(); const step = this.decideStepMs;
+    return this.wheel.msUntilTickFor(step > 0 ? (Math.floor(now / step) + 1) * step : now);
   }
 
   start(): void { this.wheel.start(); }

@@ -158,3 +158,13 @@ function taskUpdatesJson(writes: ShardWrite[]): string | null {
   }
   return folded.size ? JSON.stringify([...folded.values()]) : null;
 }
+
+/**
+ * PostgreSQL refused the write for what it wrote (SQLSTATE classes 22 data exception, 23
+ * integrity constraint, P0 raised by a trigger or function), not for the connection, the server's
+ * state or a conflict with another transaction: writing it again gives the same answer.
+ */
+export function refusedForData(e: unknown): boolean {
+  const code = (e as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^(22|23|P0)/.test(code);
+}

@@ -1,5 +1,6 @@
 export { IDLE_IN_TRANSACTION_MS, Store, type StoreOptions } from "./store.ts";
 export { findCycle } from "./graph.ts";
+export { refusedForData } from "./fencedWrite.ts";
 export type { BrowseReads, TaskFilter } from "./browseReads.ts";
 export type { AlertHooks, AlertHookRow } from "./alertHooks.ts";
 export { DueIndex, type TakenDue } from "./dueIndex.ts";

@@ -245,8 +245,21 @@ export class HashedWheel<T> {
 
   // ---- ring ----
 
+  /**
+   * How long until the tick that hands over an entry due at wall time `dueMs`, placed now (as
+   * add() places it; the next tick for one already due).
+   */
+  msUntilTickFor(dueMs: number): number {
+    const mono = this.clock.monotonic();
+    const t = Math.max(this.tickOf(mono + (dueMs - this.clock.now())), this.tickAt(mono) + 1);
+    return Math.max(0, t * this.tickMs - mono);
+  }
+
+  /** The tick an entry with this monotonic deadline goes to (see place). */
+  private tickOf(monoDeadline: number): number { return Math.ceil(monoDeadline / this.tickMs); }
+
   private place(idx: number, monoDeadline: number): void {
-    let t = Math.ceil(monoDeadline / this.tickMs);
+    let t = this.tickOf(monoDeadline);
     if (!(t > this.current)) t = this.current + 1;
     const s = t % this.ring;
     this.rounds[idx] = Math.min(MAX_ROUNDS, Math.floor((t - this.current - 1) / this.ring));
