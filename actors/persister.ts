@@ -1,5 +1,5 @@
 import type { JetStreamClient } from "@nats-io/jetstream";
-import { atWallTime, type Clock, type Logger, type Names, type TimerHandle } from "../common/index.ts";
+import { AxError, atWallTime, type Clock, type Logger, type Names, type TimerHandle } from "../common/index.ts";
 import { encode, type DispatchRun } from "../protocol/index.ts";
 import { refusedForData, type DispatchRecord, type ShardWrite, type Store } from "./store/index.ts";
 import type { ReleaseOutcome, Releaser } from "./releaser/index.ts";
@@ -142,26 +142,27 @@ const BYTES_PER_MESSAGE = 512 * 1024;
  * and JetStream drops the copy if the first publish had landed.
  *
  * Up to `lanes` batches are in flight at once. A shard actor may have two rounds submitted (it
- * decides the next one while the previous is written). Writes that touch a common row (a task, a
- * run) are applied in the order they were submitted: both in one batch (one transaction; the
- * statements apply the rows in submission order), or the later one in a batch that starts after
- * the earlier one's committed — a lane never takes a write that touches a row of a batch another
- * lane is writing, nor one that touches a row of an earlier write left queued. Writes with no row
- * in common (most of a shard's consecutive rounds: the tasks due in one are not those due in the
- * next) are written side by side, one shard's as well as different shards'. No cross-row order
- * is relied on: a round's rows are consistent by themselves (a task's ledger watermark is in its
- * own row; a run's update touches the row its insert wrote, so the two keep their order). If an
- * earlier write then fails after a later one of the same shard committed, the shard restarts from
- * PostgreSQL as after any failed write, and PostgreSQL holds the later round's rows as a crash
- * between the two would have left them. A second lane only starts while the first is busy, so
- * under load writes still coalesce, into batches of up to about MAX_BATCH_ROWS rows.
+ * decides the next one while the previous is written). One shard's writes are applied in the
+ * order they were submitted, and none after one that failed: both in one batch (one transaction;
+ * the statements apply the rows in submission order), or the later one in a batch that starts
+ * after the earlier one's committed — a lane never takes a write of a shard that has a write in a
+ * batch another lane is writing, nor one of a shard with an earlier write left queued; and once
+ * a write of a shard's epoch failed, that epoch's writes still queued are refused unwritten (the
+ * shard restarts from PostgreSQL under a new epoch). A round is decided on top of the ones before
+ * it: its rows are not consistent by themselves. A later round written after an earlier one
+ * failed left a run PostgreSQL showed `running` for ever — a fire whose task row waited for the
+ * run's end (AX_TASK_WRITE_DEFER) on top of a completion that was never written, so no next
+ * owner could find the run or redo the fire. Different shards' writes go side by side. A second
+ * lane only starts while the first is busy, so under load writes still coalesce, into batches of
+ * up to about MAX_BATCH_ROWS rows.
  */
 export class Persister {
   private queue: Queued[] = [];
   private inFlight = 0;
-  /** Tasks and runs with a write in a batch being written (counted: one batch may hold two writes of a task, one shard's consecutive rounds): another lane leaves writes that touch them queued. */
-  private readonly writingTasks = new Map<number, number>();
-  private readonly writingRuns = new Set<string>();
+  /** Shards with writes in a batch being written (counted): another lane leaves their writes queued. */
+  private readonly writingShards = new Map<number, number>();
+  /** A shard's epoch whose write failed: its later writes are refused unwritten (see the class comment). */
+  private readonly failedEpochs = new Map<number, number>();
   /** Runs whose message is being published (tried again until it lands while their shards are held). */
   private readonly publishing = new Set<string>();
   /** Runs whose dispatch landed late (see noteLanded), oldest first: run id → when it landed. */
@@ -204,9 +205,9 @@ export class Persister {
     try {
       for (;;) {
         const batch = this.take(256);
-        // Empty, or only writes of rows another lane is writing: that lane takes them on its next turn.
+        // Empty, or only writes of shards another lane is writing: that lane takes them on its next turn.
         if (!batch.length) break;
-        if (this.writingTasks.size || this.writingRuns.size) this.stats.beside++;
+        if (this.writingShards.size) this.stats.beside++;
         for (const b of batch) this.mark(b.write, 1);
         const t0 = performance.now();
         let messages: Message[] = [];
@@ -222,7 +223,7 @@ export class Persister {
           // The runs of a shard whose part was refused or not written are not published.
           const published = this.publish(messages, failed.size ? new Set([...staleSet, ...failed.keys()]) : staleSet);
           for (const b of batch) {
-            if (failed.has(b.write.shard)) b.reject(failed.get(b.write.shard));
+            if (failed.has(b.write.shard)) { this.failedEpochs.set(b.write.shard, b.write.epoch); b.reject(failed.get(b.write.shard)); }
             else b.resolve({ stale: staleSet.has(b.write.shard), published });
           }
           this.stats.batches++;
@@ -231,7 +232,7 @@ export class Persister {
           this.stats.lastBatchMs = performance.now() - t0;
         } catch (e) {
           for (const m of messages) for (const r of m.runs) this.held.delete(r.runId);
-          for (const b of batch) b.reject(e);
+          for (const b of batch) { this.failedEpochs.set(b.write.shard, b.write.epoch); b.reject(e); }
         } finally {
           for (const b of batch) this.mark(b.write, -1);
         }
@@ -243,25 +244,29 @@ export class Persister {
 
   /**
    * Queued writes, in queue order, up to `maxWrites` writes and about MAX_BATCH_ROWS rows (at
-   * least one write), that touch no task or run of a batch being written nor of an earlier write
-   * left queued (so writes of one row keep their order).
+   * least one write), of shards with no write in a batch being written nor an earlier write left
+   * queued (so one shard's writes keep their order). Writes of an epoch whose write failed are
+   * refused here, unwritten.
    */
   private take(maxWrites: number): Queued[] {
     const out: Queued[] = [];
     const rest: Queued[] = [];
-    const checkRows = this.writingTasks.size > 0 || this.writingRuns.size > 0;
-    const heldTasks = new Set<number>();
-    const heldRuns = new Set<string>();
+    const heldShards = new Set<number>();
     let rows = 0;
     let i = 0;
     for (; i < this.queue.length; i++) {
       const q = this.queue[i]!;
+      const shard = q.write.shard;
+      if (this.failedEpochs.get(shard) === q.write.epoch) {
+        q.reject(new AxError("AX_E_UNAVAILABLE", `shard ${shard}: an earlier round of epoch ${q.write.epoch} was not written; this one is not written either`));
+        continue;
+      }
       const n = rowCount(q.write);
       if (out.length && (out.length >= maxWrites || rows + n > MAX_BATCH_ROWS)) break;
-      if ((checkRows || heldTasks.size || heldRuns.size) && eachRow(q.write, (t) => this.writingTasks.has(t) || heldTasks.has(t), (r) => this.writingRuns.has(r) || heldRuns.has(r))) {
+      if (this.writingShards.has(shard) || heldShards.has(shard)) {
         rest.push(q);
         this.stats.leftQueued++;
-        eachRow(q.write, (t) => { heldTasks.add(t); }, (r) => { heldRuns.add(r); });
+        heldShards.add(shard);
         continue;
       }
       out.push(q);
@@ -272,12 +277,10 @@ export class Persister {
     return out;
   }
 
-  /** Counts (+1) or uncounts (-1) the rows of a write in a batch being written. */
+  /** Counts (+1) or uncounts (-1) a write in a batch being written. */
   private mark(w: ShardWrite, by: 1 | -1): void {
-    eachRow(w, (t) => {
-      const n = (this.writingTasks.get(t) ?? 0) + by;
-      if (n > 0) this.writingTasks.set(t, n); else this.writingTasks.delete(t);
-    }, (r) => { if (by > 0) this.writingRuns.add(r); else this.writingRuns.delete(r); });
+    const n = (this.writingShards.get(w.shard) ?? 0) + by;
+    if (n > 0) this.writingShards.set(w.shard, n); else this.writingShards.delete(w.shard);
   }
 
   /**
@@ -688,15 +691,3 @@ function rowCount(w: ShardWrite): number {
   return w.runInserts.length + w.runUpdates.length + w.taskUpdates.length + (w.ledger?.length ?? 0) + (w.defUpdates?.length ?? 0);
 }
 
-/**
- * Walks the rows a write changes: `task` for each task row (its update, definition change, ledger
- * rows), `run` for each run row. Stops at the first callback that returns true, and says so.
- */
-function eachRow(w: ShardWrite, task: (id: number) => boolean | void, run: (id: string) => boolean | void): boolean {
-  for (const u of w.taskUpdates) if (task(u.id)) return true;
-  if (w.defUpdates) for (const u of w.defUpdates) if (task(u.id)) return true;
-  if (w.ledger) for (const l of w.ledger) if (task(l.taskId)) return true;
-  for (const r of w.runInserts) if (run(r.id)) return true;
-  for (const r of w.runUpdates) if (run(r.id)) return true;
-  return false;
-}

@@ -7,9 +7,9 @@ import { testConfig, testNamespace, waitFor } from "../helpers.ts";
 /**
  * A shard actor decides its next round while the previous one is written, so the node's round
  * (Persister) may hold two writes of one shard at once. Against PostgreSQL: writes that touch a
- * common task or run land in submission order even with two lanes, writes with no row in common
- * are written side by side (one shard's too), and a run withdrawn while its write is queued or
- * being written is never published. The store is the real one; only its write is gated, to hold
+ * common task or run land in submission order even with two lanes, one shard's writes land in
+ * submission order and none after one that failed, different shards' are written side by side,
+ * and a run withdrawn while its write is queued or being written is never published. The store is the real one; only its write is gated, to hold
  * a batch open; the JetStream publish is recorded (no executor here).
  */
 const ns = testNamespace("persist");
@@ -17,7 +17,7 @@ const cfg = testConfig(ns);
 const store = new Store({ pgUrl: cfg.pgUrl, schema: ns, poolSize: 2 });
 const NOW = Date.now();
 
-interface Gate { shards: number[]; release: () => void; done: boolean }
+interface Gate { shards: number[]; release: () => void; done: boolean; fail?: Error }
 let gates: Gate[] = [];
 let published: string[] = [];
 /** Each published message: when, its `sentAt`, its runs. */
@@ -63,7 +63,10 @@ beforeAll(async () => {
   store.writeBatch = async (writes, records) => {
     const g: Gate = { shards: writes.map((w) => w.shard), release: () => undefined, done: false };
     await new Promise<void>((r) => { g.release = r; gates.push(g); });
-    try { return await real(writes, records); } finally { g.done = true; }
+    try {
+      if (g.fail) throw g.fail;
+      return await real(writes, records);
+    } finally { g.done = true; }
   };
 });
 afterAll(async () => { await store.dropNamespace(); await store.close(); });
@@ -111,31 +114,54 @@ describe("persister: one shard's writes in flight together", () => {
     expect(p.withdraw("k1")).toBe(false); // published already
   });
 
-  it("one shard's next round with no row in common is written beside its first; a later write of a row waits behind an earlier queued write of it", async () => {
+  it("one shard's next round waits for its first, even with no row in common, and is not written once the first failed; other shards' go beside", async () => {
     gates = []; published = [];
     const p = persister();
     const c1 = p.submit(write(0, ["c1"], touchTask1("running")));
     await waitFor(() => gates.length === 1, 2000, "the first batch to start");
-    // Shard 0's next rounds: c2 touches task 1 (c1 is writing it); c3 touches no row of c1 but
-    // updates the run c2 inserts; c4 touches nothing of the others.
-    const c2 = p.submit(write(0, ["c2"], touchTask1("idle")));
-    const c3 = p.submit(write(0, [], { runUpdates: [{ id: "c2", state: "success", finishedMs: NOW + 2 }] }));
-    const c4 = p.submit(write(0, ["c4"]));
+    // Shard 0's next round touches no row of c1 (a fire whose task row waits, say), but it was
+    // decided on top of c1: written alone after c1 failed, it would leave a run no owner finds.
+    const c2 = p.submit(write(0, ["c2"]));
+    const d1 = p.submit(write(2, ["d1"]));
     await waitFor(() => gates.length === 2, 2000, "the second lane to start");
-    await new Promise((r) => setTimeout(r, 50));
-    expect(gates.length).toBe(2);
+    expect(gates[1]!.shards).toEqual([2]);
     gates[1]!.release();
-    await c4; // written beside c1, although the same shard's
-    expect((await store.pool.query("select count(*)::int as n from runs where id in ('c1', 'c4')")).rows[0].n).toBe(1);
+    await d1;
+    await new Promise((r) => setTimeout(r, 50));
+    expect(gates.length).toBe(2); // c2 still waits for c1
+    // c1 is refused for its data (not retried): c2 is refused too, without a write.
+    gates[0]!.fail = Object.assign(new Error("refused"), { code: "23514" });
     gates[0]!.release();
-    await c1;
-    await waitFor(() => gates.length === 3, 2000, "c2 and c3");
+    await expect(c1).rejects.toThrow("refused");
+    await expect(c2).rejects.toThrow(/earlier round of epoch 1 was not written/);
+    expect(gates.length).toBe(2);
+    expect((await store.pool.query("select count(*)::int as n from runs where id in ('c1', 'c2')")).rows[0].n).toBe(0);
+    // The shard's next epoch writes again.
+    await store.claimShard(0, "n1", 2, NOW);
+    const c3 = p.submit({ ...write(0, ["c3"]), epoch: 2, runInserts: write(0, ["c3"]).runInserts.map((r) => ({ ...r, epoch: 2 })) });
+    await waitFor(() => gates.length === 3, 2000, "the next epoch's write");
     gates[2]!.release();
-    await Promise.all([c2, c3]);
-    const t = await store.pool.query("select state from tasks where id = 1");
-    expect(t.rows[0].state).toBe("idle"); // c2 after c1
-    const r = await store.pool.query("select state, finished_ms from runs where id = 'c2'");
-    expect(r.rows[0]).toMatchObject({ state: "success", finished_ms: NOW + 2 }); // c3 after c2, in one batch or after it
+    expect((await c3).stale).toBe(false);
+    expect((await store.pool.query("select count(*)::int as n from runs where id = 'c3'")).rows[0].n).toBe(1);
+  });
+
+  it("a later write of a row waits behind an earlier queued write of it, and one shard's rounds land in order", async () => {
+    gates = []; published = [];
+    const p = persister();
+    const e1 = p.submit(write(1, ["e1"], touchTask1("running")));
+    await waitFor(() => gates.length === 1, 2000, "the first batch to start");
+    const e2 = p.submit(write(1, ["e2"], touchTask1("idle")));
+    const e3 = p.submit(write(1, [], { runUpdates: [{ id: "e2", state: "success", finishedMs: NOW + 2 }] }));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(gates.length).toBe(1);
+    gates[0]!.release();
+    await e1;
+    await waitFor(() => gates.length === 2, 2000, "e2 and e3");
+    expect(gates[1]!.shards).toEqual([1, 1]); // one batch, in submission order
+    gates[1]!.release();
+    await Promise.all([e2, e3]);
+    expect((await store.pool.query("select state from tasks where id = 1")).rows[0].state).toBe("idle");
+    expect((await store.pool.query("select state, finished_ms from runs where id = 'e2'")).rows[0]).toMatchObject({ state: "success", finished_ms: NOW + 2 });
   });
 });
 
