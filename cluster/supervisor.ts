@@ -32,8 +32,12 @@ export interface SupervisorOptions {
   names: Names;
   clock: Clock;
   log: Logger;
-  /** Starts the actor of an acquired shard (lease held, epoch recorded in PostgreSQL). */
-  startShard: (shard: number, epoch: number) => Promise<ShardHandle>;
+  /**
+   * Starts the actor of an acquired shard (lease held, epoch recorded in PostgreSQL).
+   * `afterFailure`: the shard's last actor here stopped on a failure (a start or a round) within
+   * START_BACKOFF.resetAfterMs: what it was handed back may hold the cause (see ShardActorDeps.careful).
+   */
+  startShard: (shard: number, epoch: number, opts: { afterFailure: boolean }) => Promise<ShardHandle>;
   load: () => { firedPerSec: number; inFlight: number; lagMs: number };
   /**
    * Dependencies this node cannot reach (name → reason). Published in the heartbeat, and
@@ -546,7 +550,8 @@ export class ShardSupervisor {
     try {
       const claimed = await this.o.store.claimShard(shard, this.o.nodeId, lease.epoch, this.o.clock.now());
       if (!claimed) throw new Error(`epoch ${lease.epoch} not newer than the one recorded in PostgreSQL (was the lease bucket recreated?)`);
-      handle = await this.o.startShard(shard, lease.epoch);
+      const f = this.failures.get(shard);
+      handle = await this.o.startShard(shard, lease.epoch, { afterFailure: !!f && this.o.clock.monotonic() - f.lastMono < START_BACKOFF.resetAfterMs });
     } catch (e) {
       const { n, delayMs } = this.failed(shard);
       // The first failure of a streak is an error line; the retries of the same outage are

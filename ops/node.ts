@@ -178,7 +178,7 @@ export class AxNode {
     this.supervisor = new ShardSupervisor({
       nodeId: this.id, httpAddress: this.http?.address ?? null, shardCount: this.shardCount, leaseTtlMs,
       heartbeatMs: c.heartbeatMs, nc: this.nc, bucket, store: this.store, names: this.names, clock: this.clock, log: this.log,
-      startShard: (shard, epoch) => this.startShard(shard, epoch),
+      startShard: (shard, epoch, opts) => this.startShard(shard, epoch, opts),
       load: () => this.load(),
       failing: () => this.failing(),
       onBucketReplaced: (createdHere) => { if (createdHere) this.metrics.recreated.inc({ asset: "leases" }); },
@@ -286,13 +286,13 @@ export class AxNode {
     }
   }
 
-  private async startShard(shard: number, epoch: number): Promise<ShardHandle> {
+  private async startShard(shard: number, epoch: number, opts: { afterFailure: boolean } = { afterFailure: false }): Promise<ShardHandle> {
     // Only this actor's own entry: a late callback must not remove the shard's next actor.
     const forget = () => { if (this.actors.get(shard) === actor) this.actors.delete(shard); this.metrics.shards.set(this.actors.size); };
     const actor: ShardActor = new ShardActor(shard, epoch, {
       nodeId: this.id, store: this.store, due: this.due, persister: this.persister, delivery: this.delivery, deliveryGraceMs: this.config.deliveryGraceMs, limiter: this.limiter, nc: this.nc, js: this.js,
       names: this.names, clock: this.clock, log: this.log, tickMs: this.config.tickMs, wheelSize: this.config.wheelSize, leadMs: this.config.leadMs,
-      taskWriteDeferMs: this.config.taskWriteDeferMs,
+      taskWriteDeferMs: this.config.taskWriteDeferMs, careful: opts.afterFailure,
       ...(this.config.spreadRate > 0 ? { perStep: this.perStep() } : {}),
       leaseValid: () => this.supervisor.leaseValid(shard), dispatchSecret: this.dispatchSecret, dead: this.dead,
       // A frozen owner's pulls run out before its lease can pass on (see ShardActorDeps).

@@ -98,6 +98,14 @@ export interface ShardActorDeps {
   onFenced: (shard: number) => void;
   /** Where messages that can never be processed are parked (without it they are only terminated). */
   dead?: DeadLetters;
+  /**
+   * The shard's previous actor on this node stopped on a failure (a round PostgreSQL refused, say):
+   * a message delivered again in this actor's first CAREFUL_MS is decided in a round of its own and
+   * written before the next round is decided. The message that caused the failure then fails
+   * alone, and those that only shared its rounds are applied instead of failing with it on every
+   * delivery until they are parked as dead letters beside it (their runs left to time out).
+   */
+  careful?: boolean;
   events?: ShardEvents;
   random?: () => number;
 }
@@ -105,12 +113,22 @@ export interface ShardActorDeps {
 /** Rounds of one shard submitted and not yet written: one being written, the next one queued behind it. */
 const MAX_ROUNDS_WRITING = 2;
 
+/** How long after its start a careful actor (ShardActorDeps.careful) decides a redelivered message alone. */
+const CAREFUL_MS = 60_000;
+
+/** A message delivered before (its processing failed, or its shard moved while holding it). */
+function redelivered(m: Mail): boolean {
+  return (m.t === "events" || m.t === "trigger") && (m.msg.info?.deliveryCount ?? 1) > 1;
+}
+
 /** An Ackable that passes on only its first ack or nak. */
 function once(a: Ackable): Ackable {
   let done = false;
   return {
     ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } },
     working: () => { if (!done) a.working?.(); },
+    // The delivery count sets a failed round's back-off (nakLater) and makes a message suspect (see careful).
+    ...(a.info ? { info: a.info } : {}),
   };
 }
 
@@ -176,6 +194,8 @@ export class ShardActor implements EventSink {
   /** The round the queued completions wait for (see eventsSoon). */
   private eventsTimer: TimerHandle | null = null;
   private readonly taskWriteDeferMs: number;
+  /** Until when (monotonic) a redelivered message is decided alone (see ShardActorDeps.careful). */
+  private readonly carefulUntil: number;
 
   constructor(shard: number, epoch: number, deps: ShardActorDeps) {
     this.calendars = new CalendarCache((names) => loadCalendars(deps.store.pool, names), deps.clock);
@@ -183,6 +203,7 @@ export class ShardActor implements EventSink {
     this.epoch = epoch;
     this.d = deps;
     this.taskWriteDeferMs = deps.taskWriteDeferMs ?? 2000;
+    this.carefulUntil = deps.careful ? deps.clock.monotonic() + CAREFUL_MS : -Infinity;
     this.log = deps.log.child({ shard, epoch });
     // The shard's events come through its node's consumer (v2) and its own (v1, forwarded): a
     // timeout waits until both have applied what was published before it.
@@ -357,10 +378,15 @@ export class ShardActor implements EventSink {
         // Completions that came while the last round was decided wait for the next step too.
         if (!this.eventsDue && this.eventsMayWait() && this.mail.every((m) => m.t === "events")) { this.eventsSoon(); break; }
         this.eventsDue = false;
-        const batch = this.mail.splice(0);
+        // After a failure, a redelivered message is a round of its own, alone in the shard's
+        // writes (see ShardActorDeps.careful); the mail before it is one round, as usual.
+        const suspect = this.d.clock.monotonic() < this.carefulUntil ? this.mail.findIndex(redelivered) : -1;
+        if (suspect === 0 && this.writing.length) { await Promise.all(this.writing); continue; }
+        const batch = suspect === 0 ? this.mail.splice(0, 1) : suspect > 0 ? this.mail.splice(0, suspect) : this.mail.splice(0);
         this.inRounds.add(batch);
         try {
           await this.round(batch);
+          if (suspect === 0) await Promise.all(this.writing);
         } catch (e) {
           this.inRounds.delete(batch);
           // The round's decisions are in memory but not durable: the only consistent state is

@@ -1,0 +1,64 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Store } from "../../actors/index.ts";
+import type { AxNode } from "../../ops/node.ts";
+import { Executor, NonRetryableError } from "../../protocol/index.ts";
+import { TestCluster } from "../cluster.ts";
+import { sleep, waitFor } from "../helpers.ts";
+
+/**
+ * A poison event parks only itself. One executor runs six every-second tasks and a one-shot task
+ * whose failure event PostgreSQL refuses (a trigger raises on its error text), all due on the
+ * same whole seconds, so the poison shares event messages (the executor's 20 ms flush) and its
+ * shard's rounds with its neighbours' completions. Parked whole, those completions were lost:
+ * their runs stayed `running` and every later slot of their tasks was skipped (overlap) until
+ * the runs timed out. The message is split once it failed on every delivery, and a shard that
+ * restarted on a failure decides what comes back alone: only the poison is parked.
+ */
+const tc = new TestCluster("deadnb", { AX_DEAD_AFTER: "2", AX_SHARDS: "2" });
+let node: AxNode; let ex: Executor;
+const fires = new Map<string, number[]>();
+const ALIVE = 6;
+
+beforeAll(async () => {
+  node = await tc.startNode("d1");
+  await tc.waitForShards();
+  ex = new Executor({ name: "dx", namespace: tc.ns, nats: tc.config.nats, concurrency: 64, eventFlushMs: 20, handler: (ctx) => {
+    if (ctx.taskName === "poison") throw new NonRetryableError("POISON");
+    const l = fires.get(ctx.taskName) ?? []; l.push(Date.now()); fires.set(ctx.taskName, l);
+  } });
+  await ex.start();
+  await ex.registered;
+  const store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 1 });
+  try {
+    await store.pool.query(`create function "${tc.ns}".poison() returns trigger language plpgsql as $$ begin if new.error like '%POISON%' then raise exception 'poisoned row'; end if; return new; end $$`);
+    await store.pool.query(`create trigger poison before insert or update on "${tc.ns}".runs for each row execute function "${tc.ns}".poison()`);
+  } finally { await store.close(); }
+  const client = await tc.client();
+  for (let i = 0; i < ALIVE; i++) await client.call("task.create", { name: `alive${i}`, executor: "dx", cron: "* * * * * *" });
+  await waitFor(() => fires.size === ALIVE, 15_000, "every task to fire");
+}, 60_000);
+afterAll(async () => { await ex?.stop(); await tc.teardown(); });
+
+describe("a poison event among others", () => {
+  it("is parked alone: its neighbours' completions are recorded and their tasks keep firing every second", async () => {
+    const client = await tc.client();
+    const at = new Date(Math.ceil((Date.now() + 1500) / 1000) * 1000);
+    await client.call("task.create", { name: "poison", executor: "dx", at: at.toISOString(), retries: 0 });
+    await waitFor(async () => (await node.metrics.deadLetters.get()).values.reduce((k, v) => k + v.value, 0) >= 1, 60_000, "the poison to be parked");
+    await sleep(6000);
+    const end = Date.now();
+
+    for (let i = 0; i < ALIVE; i++) {
+      const l = fires.get(`alive${i}`)!;
+      expect(l.filter((t) => t > end - 5000).length, `alive${i} fires in the last 5 s`).toBeGreaterThanOrEqual(4);
+    }
+    const store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 1 });
+    try {
+      const stuck = await store.pool.query(`select task_name from runs where state = 'running' and due_ms < $1 order by due_ms`, [end - 5000]);
+      expect(stuck.rows.map((r) => r.task_name as string)).toEqual(["poison"]);
+    } finally { await store.close(); }
+    const dead = JSON.parse((await tc.cli(["dead", "ls", "--json"])).stdout) as Array<{ cause: string; preview: string }>;
+    expect(dead.filter((d) => d.cause === "deliveries").length).toBe(1);
+    expect(dead[0]!.preview).toContain("\"failed\"");
+  }, 120_000);
+});
