@@ -53,6 +53,19 @@ export class TestCluster {
     return ex;
   }
 
+  /**
+   * A trigger in this namespace's schema that refuses (SQLSTATE P0001, a data refusal) every run
+   * row whose error contains `marker`: the write of a failure event that can never be recorded.
+   */
+  async refuseRunsWithError(marker: string): Promise<void> {
+    const store = new Store({ pgUrl: this.config.pgUrl, schema: this.ns, poolSize: 1 });
+    const like = `%${marker}%`.replace(/'/g, "''");
+    try {
+      await store.pool.query(`create function "${this.ns}".poison() returns trigger language plpgsql as $$ begin if new.error like '${like}' then raise exception 'poisoned row'; end if; return new; end $$`);
+      await store.pool.query(`create trigger poison before insert or update on "${this.ns}".runs for each row execute function "${this.ns}".poison()`);
+    } finally { await store.close(); }
+  }
+
   async client(): Promise<AxClient> {
     const c = await AxClient.connect(this.config.nats, this.ns);
     this.clients.push(c);

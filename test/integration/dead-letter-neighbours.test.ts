@@ -28,11 +28,7 @@ beforeAll(async () => {
   } });
   await ex.start();
   await ex.registered;
-  const store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 1 });
-  try {
-    await store.pool.query(`create function "${tc.ns}".poison() returns trigger language plpgsql as $$ begin if new.error like '%POISON%' then raise exception 'poisoned row'; end if; return new; end $$`);
-    await store.pool.query(`create trigger poison before insert or update on "${tc.ns}".runs for each row execute function "${tc.ns}".poison()`);
-  } finally { await store.close(); }
+  await tc.refuseRunsWithError("POISON");
   const client = await tc.client();
   for (let i = 0; i < ALIVE; i++) await client.call("task.create", { name: `alive${i}`, executor: "dx", cron: "* * * * * *" });
   await waitFor(() => fires.size === ALIVE, 15_000, "every task to fire");

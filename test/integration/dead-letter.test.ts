@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connectNats, names } from "../../common/index.ts";
-import { Store } from "../../actors/index.ts";
 import type { AxNode } from "../../ops/node.ts";
 import { NonRetryableError } from "../../protocol/index.ts";
 import { TestCluster } from "../cluster.ts";
@@ -38,11 +37,7 @@ beforeAll(async () => {
   await ok.registered;
   const px = await tc.startExecutor("px", () => { throw new NonRetryableError("POISON"); });
   await px.registered;
-  const store = new Store({ pgUrl: tc.config.pgUrl, schema: tc.ns, poolSize: 1 });
-  try {
-    await store.pool.query(`create function "${tc.ns}".poison() returns trigger language plpgsql as $$ begin if new.error like '%POISON%' then raise exception 'poisoned row'; end if; return new; end $$`);
-    await store.pool.query(`create trigger poison before insert or update on "${tc.ns}".runs for each row execute function "${tc.ns}".poison()`);
-  } finally { await store.close(); }
+  await tc.refuseRunsWithError("POISON");
   const client = await tc.client();
   await client.call("task.create", { name: "alive", executor: "dx", every: "1s" });
   nc = await connectNats(tc.config.nats);
