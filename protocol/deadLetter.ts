@@ -1,6 +1,7 @@
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { AxError, type Logger, type Names } from "../common/index.ts";
+import { encode, type RunEvent } from "./messages.ts";
 
 /**
  * Dead-letter parking. A message a node can never process — malformed, for another shard, or
@@ -57,6 +58,32 @@ export class DeadLetters {
   /** True if `m` was already processed (and failed) `maxDeliveries` times and the node is healthy. */
   exhausted(m: JsMsg): boolean {
     return m.info.deliveryCount > this.o.maxDeliveries && this.o.healthy();
+  }
+
+  /**
+   * An event batch that failed on every delivery (see exhausted). One event alone is parked. More
+   * hold the event that fails (a completion whose row PostgreSQL refuses, say) and others that
+   * only shared its rounds: parked whole, those others' runs would never be recorded as finished,
+   * and their tasks would skip every slot (overlap) until the runs time out. Each event goes on
+   * alone instead, as a v1 batch on its shard's own subject (its shard decides it again, alone
+   * once it restarted on the failure: ShardActorDeps.careful), and `m` is acked; only an event
+   * that fails by itself is parked. `m` is handed back if a publish fails.
+   */
+  async settleEvents(m: JsMsg, consumer: string, events: ReadonlyArray<RunEvent & { shard: number }>, executor: string, instance: string): Promise<void> {
+    const seq = m.info.streamSequence;
+    if (events.length < 2) return this.park(m, consumer, "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`);
+    try {
+      // One id per event of this stream message: a second split (another node, a redelivery) is dropped as a copy.
+      await Promise.all(events.map(({ shard, ...ev }, i) => this.o.js.publish(this.o.names.eventsSubject(shard),
+        encode({ v: 1, executor, instance, shard, events: [ev] }), { msgID: `split:${m.info.stream}:${seq}:${i}` })));
+    } catch (e) {
+      this.o.log.warn({ consumer, seq, err: String(e) }, "could not split an event batch that failed on every delivery; handing it back");
+      nakLater(m);
+      return;
+    }
+    m.ack();
+    this.o.log.warn({ consumer, seq, events: events.length, deliveries: m.info.deliveryCount - 1 },
+      "an event batch failed on every delivery: its events go on one by one, and only one that fails alone is parked");
   }
 
   /** Copies `m` to the dead-letter stream, then terminates it; hands it back if the copy fails. */

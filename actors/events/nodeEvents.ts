@@ -1,7 +1,7 @@
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Clock, Logger, Names } from "../../common/index.ts";
 import {
-  NODE_EVENTS_CONSUMER_RE, decodeEventBatchV2, encode, ensureNodeEventsConsumer, nakLater, nodeEventsConsumer, type DeadLetters, type RunEvent,
+  NODE_EVENTS_CONSUMER_RE, decodeEventBatchV2, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 
 /**
@@ -52,7 +52,7 @@ export class NodeEvents {
   private loop: Promise<void> | null = null;
   private readonly orphansSeen = new Map<string, number>();
   private lastRefusalLog = 0;
-  readonly stats = { batches: 0, applied: 0, forwarded: 0, refused: 0, orphanMessages: 0, split: 0 };
+  readonly stats = { batches: 0, applied: 0, forwarded: 0, refused: 0, orphanMessages: 0 };
   constructor(private readonly d: NodeEventsDeps) {}
 
   async start(): Promise<void> {
@@ -91,13 +91,9 @@ export class NodeEvents {
       if (this.d.dead) void this.d.dead.park(m, "node-events", "malformed", `malformed event batch: ${dec.reason}`); else m.term();
       return;
     }
-    // Failed on every delivery so far (each failure restarted a shard): parked, not tried again;
-    // with more than one event, split first (only the event that fails is parked).
-    if (this.d.dead?.exhausted(m)) {
-      if (dec.value.events.length > 1) void this.split(m, dec.value.events, dec.value.executor, dec.value.instance);
-      else void this.d.dead.park(m, "node-events", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`);
-      return;
-    }
+    // Failed on every delivery so far (each failure restarted a shard): parked, not tried again
+    // (split first when it holds more than one event: see DeadLetters.settleEvents).
+    if (this.d.dead?.exhausted(m)) { void this.d.dead.settleEvents(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
     this.stats.batches++;
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
@@ -112,28 +108,6 @@ export class NodeEvents {
       if (sink?.acceptEvents(events, dec.value.instance, part)) { this.stats.applied += events.length; continue; }
       this.forward(shard, events, dec.value.executor, dec.value.instance, `f:${this.d.nodeId}:${m.info.streamSequence}:${shard}`).then(part.ack, part.nak);
     }
-  }
-
-  /**
-   * A batch that failed on every delivery holds the event that fails (a completion whose row
-   * PostgreSQL refuses, say) and others that only shared its rounds: parked whole, those others'
-   * runs would never be recorded as finished, and their tasks would skip every slot (overlap)
-   * until the runs time out. Each event goes on alone to its shard's own subject instead; the
-   * shard decides them again (alone, once it restarted on the failure: ShardActorDeps.careful),
-   * and only an event that fails by itself is parked, as a batch of one.
-   */
-  private async split(m: JsMsg, events: ReadonlyArray<RunEvent & { shard: number }>, executor: string, instance: string): Promise<void> {
-    try {
-      await Promise.all(events.map((ev, i) => this.forward(ev.shard, [ev], executor, instance, `x:${this.d.nodeId}:${m.info.streamSequence}:${i}`)));
-    } catch (e) {
-      this.d.log.warn({ seq: m.info.streamSequence, err: String(e) }, "could not split an event batch that failed on every delivery; handing it back");
-      nakLater(m);
-      return;
-    }
-    m.ack();
-    this.stats.split++;
-    this.d.log.warn({ seq: m.info.streamSequence, events: events.length, deliveries: m.info.deliveryCount - 1 },
-      "an event batch failed on every delivery: its events go on one by one, and only one that fails alone is parked");
   }
 
   /** One shard's events as a v1 batch on the shard's own subject (read by whoever owns it). */

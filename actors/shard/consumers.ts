@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type ConsumerMessages, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, decode, decodeEventBatchV1, encode, ensureShardConsumer, nakLater,
+  DependencyTriggerSchema, decode, decodeEventBatchV1, ensureShardConsumer,
   type DeadCause, type DeadLetters, type DependencyTrigger, type RunEvent,
 } from "../../protocol/index.ts";
 
@@ -47,11 +47,11 @@ export class ShardConsumers {
       const dec = decodeEventBatchV1(m.data);
       if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); return; }
       if (dec.value.shard !== this.d.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.d.shard}'s subject`); return; }
-      // Failed on every delivery so far (each failure restarted the shard): parked, not tried again;
-      // with more than one event, split first (see splitEvents).
+      // Failed on every delivery so far (each failure restarted the shard): parked, not tried again
+      // (split first when it holds more than one event: see DeadLetters.settleEvents).
       if (this.d.dead?.exhausted(m)) {
-        if (dec.value.events.length > 1) void this.splitEvents(m, dec.value.events, dec.value.executor, dec.value.instance);
-        else this.park(m, "shard-events", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`);
+        const shard = this.d.shard;
+        void this.d.dead.settleEvents(m, "shard-events", dec.value.events.map((ev) => ({ ...ev, shard })), dec.value.executor, dec.value.instance);
         return;
       }
       this.d.onEvents(dec.value.events, dec.value.instance, m);
@@ -76,26 +76,6 @@ export class ShardConsumers {
         handle(m);
       }
     })().then(() => this.d.onEnded(`${kind} consumer ended`), (e) => this.d.onEnded(`${kind} consumer failed: ${String(e)}`));
-  }
-
-  /**
-   * An event batch that failed on every delivery: each event is published again alone on this
-   * shard's subject and the batch acked, so that only an event that fails by itself is parked
-   * (see NodeEvents.split: parked whole, the others' runs would wait for their timeouts).
-   */
-  private async splitEvents(m: JsMsg, events: RunEvent[], executor: string, instance: string): Promise<void> {
-    const subject = this.d.names.eventsSubject(this.d.shard);
-    try {
-      await Promise.all(events.map((ev, i) => this.d.js.publish(subject, encode({ v: 1, executor, instance, shard: this.d.shard, events: [ev] }),
-        { msgID: `x:${m.info.stream}:${m.info.streamSequence}:${i}` })));
-    } catch (e) {
-      this.d.log.warn({ seq: m.info.streamSequence, err: String(e) }, "could not split an event batch that failed on every delivery; handing it back");
-      nakLater(m);
-      return;
-    }
-    m.ack();
-    this.d.log.warn({ seq: m.info.streamSequence, events: events.length, deliveries: m.info.deliveryCount - 1 },
-      "an event batch failed on every delivery: its events go on one by one, and only one that fails alone is parked");
   }
 
   /** A message this shard can never process: parked as a dead letter (or only terminated without a sink). */
