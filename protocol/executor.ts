@@ -3,7 +3,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
 import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, isInt, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
-import { ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
+import { closeGently, ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
 import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
 import { HoldClock } from "./hold.ts";
 
@@ -301,7 +301,8 @@ export class Executor {
     // re-issued, within 2 s instead of 30 s of undelivered dispatches (5 s pulls added 5 s to the
     // recovery from a killed NATS leader; an idle instance's pull every 2 s costs nothing).
     const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)), expires: DISPATCH_PULL_EXPIRES_MS });
-    this.stopConsume = () => { void messages.close(); };
+    // Gently: dispatches on their way when it stops are handed back at once, not after the 30 s ack wait.
+    this.stopConsume = () => { void closeGently(messages).catch(() => undefined); };
     this.loop = (async () => {
       for await (const m of messages) {
         if (this.stopping) { m.nak(); continue; }

@@ -1,7 +1,7 @@
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Clock, Logger, Names } from "../../common/index.ts";
 import {
-  NODE_EVENTS_CONSUMER_RE, decodeEventBatchV2, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
+  NODE_EVENTS_CONSUMER_RE, closeGently, decodeEventBatchV2, encode, ensureNodeEventsConsumer, nodeEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 
 /**
@@ -62,7 +62,7 @@ export class NodeEvents {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    await this.messages?.close().catch(() => undefined);
+    if (this.messages) await closeGently(this.messages).catch(() => undefined);
     await this.loop?.catch(() => undefined);
   }
 

@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type ConsumerMessages, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
 import {
-  DependencyTriggerSchema, decode, decodeEventBatchV1, ensureShardConsumer,
+  DependencyTriggerSchema, closeGently, decode, decodeEventBatchV1, ensureShardConsumer,
   type DeadCause, type DeadLetters, type DependencyTrigger, type RunEvent,
 } from "../../protocol/index.ts";
 
@@ -64,9 +64,13 @@ export class ShardConsumers {
     });
   }
 
-  /** Stops the pulls, both at once (messages delivered and not acked come back to the stream). */
+  /**
+   * Stops the pulls, both at once. Messages delivered and not acked come back to the stream: those
+   * on their way when the pull stops too, handed back by the loop (closeGently), not stranded
+   * for the ack wait while their runs stay `running`.
+   */
   async close(): Promise<void> {
-    await Promise.all(this.messages.map((c) => c.close().catch(() => undefined)));
+    await Promise.all(this.messages.map((c) => closeGently(c).catch(() => undefined)));
   }
 
   private loop(kind: string, msgs: ConsumerMessages, handle: (m: JsMsg) => void): void {
