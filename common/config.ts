@@ -118,7 +118,7 @@ export const ENV_DOCS: Record<string, string> = {
   AX_MAX_IN_FLIGHT: "runs in flight per executor per node; runs due beyond it wait for a place, earliest due first (manual runs are refused)",
   AX_SPREAD_RATE: "runs a second a node decides for one instant before it spreads the rest of a burst over the seconds before it (up to the wheel's horizon, 10 s), so a burst known ahead is recorded ahead; 0: no spreading",
   AX_MAX_AHEAD: "runs per executor, beyond AX_MAX_IN_FLIGHT, that a spread burst may send ahead of their due time to an executor that holds them (each costs the executor about 0.5 KB of heap until it starts); 0: none",
-  AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before it is parked in the dead-letter stream (`ax dead ls`)",
+  AX_DEAD_AFTER: "failed deliveries of an event/outcome/trigger message before its last chance (alone), then parked in the dead-letter stream (`ax dead ls`) if that fails",
   AX_LEASE_TTL: "shard lease time-to-live (renewed every TTL/3)",
   AX_DELIVERY_GRACE: "longest a run no executor has taken from the stream (none pulling, all full, a NATS leader election) waits past its timeout before it times out; 0s: not at all",
   AX_TASK_WRITE_DEFER: "longest a fire may leave its task's row unwritten (the run's row is written at once), so that the run's end writes both changes in one update; a node that takes the shard over redoes such a fire from the run's row; 0s: the task row is written with each fire",

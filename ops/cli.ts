@@ -423,7 +423,7 @@ export function buildProgram(out: (s: string) => void = (s) => process.stdout.wr
   // ---- dead letters --------------------------------------------------------------------------------
   const dead = program.command("dead").description("messages no node could process, parked with the reason (dead letters)")
     .addHelpText("after", "\nA node parks an event, outcome or dependency trigger that is malformed, meant for another shard, or failed\n" +
-      "on AX_DEAD_AFTER deliveries in a row (default 8) while PostgreSQL, Redis and NATS answered: it is copied to the\n" +
+      "on AX_DEAD_AFTER deliveries in a row (default 8) and then alone, while PostgreSQL, Redis and NATS answered: it is copied to the\n" +
       "stream <NS>_DEAD (kept 30 days) with the reason and its original subject, and terminated on its consumer, so it\n" +
       "is not redelivered and no shard restarts on it again. ax_dead_letters_total{cause} counts them.\n" +
       "Examples:\n  ax dead ls\n  ax dead ls --limit 200 --json\n");

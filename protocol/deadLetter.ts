@@ -6,7 +6,7 @@ import { encode, type RunEvent } from "./messages.ts";
 /**
  * Dead-letter parking. A message a node can never process — malformed, for another shard, or
  * one whose processing failed on every one of `maxDeliveries` deliveries (a write PostgreSQL
- * refuses for that message's content, say) — is copied to the namespace's dead-letter stream
+ * refuses for that message's content, say) and then alone (see lastChance) — is copied to the namespace's dead-letter stream
  * (`<NS>_DEAD`, subject `<ns>.dead.<consumer>`) with why and where it came from in headers,
  * then terminated on its consumer: it is not redelivered for days, and the shard it kept
  * restarting runs on. `ax dead ls` lists what was parked.
@@ -50,28 +50,37 @@ export interface DeadLettersOptions {
   onParked: (consumer: string, cause: DeadCause, reason: string) => void;
 }
 
+/** A message past its deliveries, handed on once more (see DeadLetters.lastChance). */
+export interface LastChance {
+  ack(): void; nak(delayMs?: number): void; working(): void; info: { deliveryCount: number };
+  /** Its round of its own failed: park it (hand it back if the node cannot reach a dependency). */
+  park(): void;
+}
+
 export class DeadLetters {
   constructor(private readonly o: DeadLettersOptions) {}
 
   get maxDeliveries(): number { return this.o.maxDeliveries; }
 
-  /** True if `m` was already processed (and failed) `maxDeliveries` times and the node is healthy. */
+  /**
+   * True if `m` was delivered more than `maxDeliveries` times and the node is healthy. Not proof
+   * that `m` is the poison: a message is handed back whenever a round it was in fails, or its
+   * shard restarts while it waits, so neighbours of a poison count up as fast as the poison does.
+   * Hence split and lastChance: such a message is parked only once it failed alone.
+   */
   exhausted(m: JsMsg): boolean {
     return m.info.deliveryCount > this.o.maxDeliveries && this.o.healthy();
   }
 
   /**
-   * An event batch that failed on every delivery (see exhausted). One event alone is parked. More
-   * hold the event that fails (a completion whose row PostgreSQL refuses, say) and others that
-   * only shared its rounds: parked whole, those others' runs would never be recorded as finished,
-   * and their tasks would skip every slot (overlap) until the runs time out. Each event goes on
-   * alone instead, as a v1 batch on its shard's own subject (its shard decides it again, alone
-   * once it restarted on the failure: ShardActorDeps.careful), and `m` is acked; only an event
-   * that fails by itself is parked. `m` is handed back if a publish fails.
+   * An exhausted event batch of more than one event: the event that fails (a completion whose
+   * row PostgreSQL refuses, say) and others that only shared its rounds. Parked whole, those
+   * others' runs would never be recorded as finished, and their tasks would skip every slot
+   * (overlap) until the runs time out. Each event goes on alone instead, as a v1 batch on its
+   * shard's own subject, and `m` is acked; `m` is handed back if a publish fails.
    */
-  async settleEvents(m: JsMsg, consumer: string, events: ReadonlyArray<RunEvent & { shard: number }>, executor: string, instance: string): Promise<void> {
+  async split(m: JsMsg, consumer: string, events: ReadonlyArray<RunEvent & { shard: number }>, executor: string, instance: string): Promise<void> {
     const seq = m.info.streamSequence;
-    if (events.length < 2) return this.park(m, consumer, "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`);
     try {
       // One id per event of this stream message: a second split (another node, a redelivery) is dropped as a copy.
       await Promise.all(events.map(({ shard, ...ev }, i) => this.o.js.publish(this.o.names.eventsSubject(shard),
@@ -84,6 +93,23 @@ export class DeadLetters {
     m.ack();
     this.o.log.warn({ consumer, seq, events: events.length, deliveries: m.info.deliveryCount - 1 },
       "an event batch failed on every delivery: its events go on one by one, and only one that fails alone is parked");
+  }
+
+  /**
+   * An exhausted message of one event or trigger, handed to its shard once more with `park`: the
+   * shard decides it in a round of its own, after its earlier rounds are written, and calls
+   * `park` instead of handing it back if that round fails. A failure alone is the message's own
+   * (or an outage's: then, `healthy()` false, it is handed back as before); a neighbour that only
+   * shared a poison's rounds is applied, not parked beside it.
+   */
+  lastChance(m: JsMsg, consumer: string): LastChance {
+    return {
+      ack: () => m.ack(), nak: (delayMs) => m.nak(delayMs), working: () => m.working(), info: m.info,
+      park: () => {
+        if (!this.o.healthy()) { nakLater(m); return; }
+        void this.park(m, consumer, "deliveries", `failed in a round of its own on delivery ${m.info.deliveryCount}, after ${m.info.deliveryCount - 1} failed deliveries`);
+      },
+    };
   }
 
   /** Copies `m` to the dead-letter stream, then terminates it; hands it back if the copy fails. */

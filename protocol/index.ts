@@ -13,4 +13,4 @@ export { DispatchDelivery, type DeliveryView } from "./delivery.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, noteJetStreamTrouble, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";
 export { HoldClock, MAX_TRANSIT_CREDIT_MS } from "./hold.ts";
 export { Executor, NonRetryableError, CancelledError, type ExecutorOptions, type RunContext, type RunHandler } from "./executor.ts";
-export { DeadLetters, DEAD_HEADERS, listDeadLetters, nakLater, redeliveryDelayMs, type DeadCause, type DeadLetter, type DeadLettersOptions } from "./deadLetter.ts";
+export { DeadLetters, DEAD_HEADERS, listDeadLetters, nakLater, redeliveryDelayMs, type DeadCause, type DeadLetter, type DeadLettersOptions, type LastChance } from "./deadLetter.ts";

@@ -7,9 +7,11 @@ import {
 /**
  * A delivered message, or the part of one that concerns one shard (a node-level event batch is
  * split per shard, and acked when every part was). `working`: JetStream's "in progress", which
- * restarts the message's ack wait while it is held.
+ * restarts the message's ack wait while it is held. `park`: only on a message past its
+ * deliveries (DeadLetters.lastChance): its shard decides it in a round of its own and parks it
+ * instead of handing it back if that round fails.
  */
-export interface Ackable { ack(): void; nak(delayMs?: number): void; working?(): void; info?: { deliveryCount?: number } }
+export interface Ackable { ack(): void; nak(delayMs?: number): void; working?(): void; info?: { deliveryCount?: number }; park?(): void }
 
 /** What the router needs of a shard actor: take a shard's part of a batch, or say it is not active. */
 export interface EventSink { acceptEvents(events: RunEvent[], instance: string, part: Ackable): boolean }
@@ -91,9 +93,11 @@ export class NodeEvents {
       if (this.d.dead) void this.d.dead.park(m, "node-events", "malformed", `malformed event batch: ${dec.reason}`); else m.term();
       return;
     }
-    // Failed on every delivery so far (each failure restarted a shard): parked, not tried again
-    // (split first when it holds more than one event: see DeadLetters.settleEvents).
-    if (this.d.dead?.exhausted(m)) { void this.d.dead.settleEvents(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
+    // Failed on every delivery so far: split when it holds more than one event (DeadLetters.split);
+    // one event is tried once more alone, and parked if that fails (DeadLetters.lastChance).
+    const lastChance = this.d.dead?.exhausted(m) ? this.d.dead : undefined;
+    if (lastChance && dec.value.events.length > 1) { void lastChance.split(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
+    const park = lastChance ? lastChance.lastChance(m, "node-events").park : undefined;
     this.stats.batches++;
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
@@ -103,7 +107,7 @@ export class NodeEvents {
     let delayMs = 0;
     const settle = () => { if (--open === 0) { if (failed) m.nak(delayMs); else m.ack(); } };
     for (const [shard, events] of parts) {
-      const part: Ackable = { ack: settle, nak: (d) => { failed = true; delayMs = Math.max(delayMs, d ?? 1000); settle(); }, info: m.info };
+      const part: Ackable = { ack: settle, nak: (d) => { failed = true; delayMs = Math.max(delayMs, d ?? 1000); settle(); }, info: m.info, ...(park ? { park } : {}) };
       const sink = this.d.sinkOf(shard);
       if (sink?.acceptEvents(events, dec.value.instance, part)) { this.stats.applied += events.length; continue; }
       this.forward(shard, events, dec.value.executor, dec.value.instance, `f:${this.d.nodeId}:${m.info.streamSequence}:${shard}`).then(part.ack, part.nak);

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type ConsumerMessages, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
+import type { Ackable } from "../events/index.ts";
 import {
   DependencyTriggerSchema, closeGently, decode, decodeEventBatchV1, ensureShardConsumer,
   type DeadCause, type DeadLetters, type DependencyTrigger, type RunEvent,
@@ -17,8 +18,8 @@ export interface ShardConsumersDeps {
   dead?: DeadLetters;
   /** The shard is active: messages are handed over; otherwise nak'ed at once for the next owner. */
   active: () => boolean;
-  onEvents: (events: RunEvent[], instance: string, msg: JsMsg) => void;
-  onTrigger: (trig: DependencyTrigger, msg: JsMsg) => void;
+  onEvents: (events: RunEvent[], instance: string, msg: Ackable) => void;
+  onTrigger: (trig: DependencyTrigger, msg: Ackable) => void;
   /** A loop ended (consumer deleted, a connection that lost it): the shard must not stay owned and deaf. */
   onEnded: (why: string) => void;
 }
@@ -26,8 +27,9 @@ export interface ShardConsumersDeps {
 /**
  * The shard's own JetStream consumers: its events subject (v1 events, and events forwarded from
  * other nodes' consumers) and its dependency triggers. Each message is validated here; one that
- * can never be processed (malformed, another shard's, failed on every delivery) is parked as a
- * dead letter instead of reaching the actor.
+ * can never be processed (malformed, another shard's) is parked as a dead letter instead of
+ * reaching the actor. One that failed on every delivery reaches it once more, to be decided alone
+ * and parked if that fails too (DeadLetters.lastChance).
  */
 export class ShardConsumers {
   private messages: ConsumerMessages[] = [];
@@ -47,11 +49,12 @@ export class ShardConsumers {
       const dec = decodeEventBatchV1(m.data);
       if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); return; }
       if (dec.value.shard !== this.d.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.d.shard}'s subject`); return; }
-      // Failed on every delivery so far (each failure restarted the shard): parked, not tried again
-      // (split first when it holds more than one event: see DeadLetters.settleEvents).
+      // Failed on every delivery so far: split when it holds more than one event (DeadLetters.split);
+      // one event is tried once more alone, and parked if that fails (DeadLetters.lastChance).
       if (this.d.dead?.exhausted(m)) {
         const shard = this.d.shard;
-        void this.d.dead.settleEvents(m, "shard-events", dec.value.events.map((ev) => ({ ...ev, shard })), dec.value.executor, dec.value.instance);
+        if (dec.value.events.length > 1) void this.d.dead.split(m, "shard-events", dec.value.events.map((ev) => ({ ...ev, shard })), dec.value.executor, dec.value.instance);
+        else this.d.onEvents(dec.value.events, dec.value.instance, this.d.dead.lastChance(m, "shard-events"));
         return;
       }
       this.d.onEvents(dec.value.events, dec.value.instance, m);
@@ -59,8 +62,7 @@ export class ShardConsumers {
     this.loop("trigger", trMsgs, (m) => {
       const dec = decode(DependencyTriggerSchema, m.data);
       if (!dec.ok) { this.park(m, "shard-trigger", "malformed", `malformed dependency trigger: ${dec.reason}`); return; }
-      if (this.d.dead?.exhausted(m)) { this.park(m, "shard-trigger", "deliveries", `not processed in ${m.info.deliveryCount - 1} deliveries`); return; }
-      this.d.onTrigger(dec.value, m);
+      this.d.onTrigger(dec.value, this.d.dead?.exhausted(m) ? this.d.dead.lastChance(m, "shard-trigger") : m);
     });
   }
 

@@ -121,12 +121,23 @@ function redelivered(m: Mail): boolean {
   return (m.t === "events" || m.t === "trigger") && (m.msg.info?.deliveryCount ?? 1) > 1;
 }
 
+/** A message past its deliveries, to be parked if it fails alone (DeadLetters.lastChance). */
+function lastChance(m: Mail): boolean {
+  return (m.t === "events" || m.t === "trigger") && m.msg.park !== undefined;
+}
+
+/** A failed round's message: parked if it was a last chance decided alone, else handed back with its back-off. */
+function failed(m: Ackable, alone: boolean): void {
+  if (alone && m.park) m.park(); else nakLater(m);
+}
+
 /** An Ackable that passes on only its first ack or nak. */
 function once(a: Ackable): Ackable {
   let done = false;
   return {
     ack: () => { if (!done) { done = true; a.ack(); } }, nak: (d?: number) => { if (!done) { done = true; a.nak(d); } },
     working: () => { if (!done) a.working?.(); },
+    ...(a.park ? { park: () => { if (!done) { done = true; a.park!(); } } } : {}),
     // The delivery count sets a failed round's back-off (nakLater) and makes a message suspect (see careful).
     ...(a.info ? { info: a.info } : {}),
   };
@@ -378,9 +389,10 @@ export class ShardActor implements EventSink {
         // Completions that came while the last round was decided wait for the next step too.
         if (!this.eventsDue && this.eventsMayWait() && this.mail.every((m) => m.t === "events")) { this.eventsSoon(); break; }
         this.eventsDue = false;
-        // After a failure, a redelivered message is a round of its own, alone in the shard's
-        // writes (see ShardActorDeps.careful); the mail before it is one round, as usual.
-        const suspect = this.d.clock.monotonic() < this.carefulUntil ? this.mail.findIndex(redelivered) : -1;
+        // A last chance, and after a failure a redelivered message, is a round of its own, alone in
+        // the shard's writes (see ShardActorDeps.careful); the mail before it is one round, as usual.
+        const careful = this.d.clock.monotonic() < this.carefulUntil;
+        const suspect = this.mail.findIndex((m) => lastChance(m) || (careful && redelivered(m)));
         if (suspect === 0 && this.writing.length) { await Promise.all(this.writing); continue; }
         const batch = suspect === 0 ? this.mail.splice(0, 1) : suspect > 0 ? this.mail.splice(0, suspect) : this.mail.splice(0);
         this.inRounds.add(batch);
@@ -394,7 +406,7 @@ export class ShardActor implements EventSink {
           // (fires that were not recorded are still due there; events come back unacked).
           this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; shard restarts from PostgreSQL");
           for (const m of batch) {
-            if (m.t === "events" || m.t === "trigger") nakLater(m.msg);
+            if (m.t === "events" || m.t === "trigger") failed(m.msg, suspect === 0);
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
           this.restart(`round failed: ${String(e)}`);
@@ -484,7 +496,9 @@ export class ShardActor implements EventSink {
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
     const submitted = this.d.persister.submit(round.write, round.dispatch);
-    const done = this.tail.then(() => this.finishRound(round, submitted))
+    // A message decided alone (see loop): if its round fails, the failure is its own.
+    const alone = batch.length === 1 && (batch[0]!.t === "events" || batch[0]!.t === "trigger") ? batch[0]!.msg : null;
+    const done = this.tail.then(() => this.finishRound(round, submitted, alone))
       .catch((e: unknown) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "handling a written round failed"));
     this.tail = done;
     this.writing.push(done);
@@ -501,14 +515,14 @@ export class ShardActor implements EventSink {
   }
 
   /** A submitted round once its write is done: acks, then its effects after the previous round's. Never rejects. */
-  private async finishRound(round: Round, submitted: Promise<Submitted>): Promise<void> {
+  private async finishRound(round: Round, submitted: Promise<Submitted>, alone: Ackable | null): Promise<void> {
     let result: Submitted;
     try {
       result = await submitted;
     } catch (e) {
       // Not durable: the only consistent state is PostgreSQL's. The events come back unacked; the
       // supervisor loads the shard afresh.
-      for (const m of round.acks) nakLater(m); // a failure: backed off, and counted towards parking
+      for (const m of round.acks) failed(m, m === alone); // a failure: backed off, and counted towards parking
       if (this.state === "stopped") return; // an earlier round, or the lease, stopped it already
       this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round write failed; shard restarts from PostgreSQL");
       this.restart(`round write failed: ${String(e)}`);
