@@ -95,9 +95,9 @@ export class NodeEvents {
     }
     // Failed on every delivery so far: split when it holds more than one event (DeadLetters.split);
     // one event is tried once more alone, and parked if that fails (DeadLetters.lastChance).
-    const lastChance = this.d.dead?.exhausted(m) ? this.d.dead : undefined;
-    if (lastChance && dec.value.events.length > 1) { void lastChance.split(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
-    const park = lastChance ? lastChance.lastChance(m, "node-events").park : undefined;
+    const exhausted = this.d.dead?.exhausted(m) ? this.d.dead : undefined;
+    if (exhausted && dec.value.events.length > 1) { void exhausted.split(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
+    const park = exhausted?.lastChance(m, "node-events").park;
     this.stats.batches++;
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
