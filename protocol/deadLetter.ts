@@ -6,8 +6,9 @@ import { encode, type RunEvent } from "./messages.ts";
 /**
  * Dead-letter parking. A message a node can never process — malformed, for another shard, or
  * one whose processing failed on every one of `maxDeliveries` deliveries (a write PostgreSQL
- * refuses for that message's content, say) and then alone (see lastChance) — is copied to the namespace's dead-letter stream
- * (`<NS>_DEAD`, subject `<ns>.dead.<consumer>`) with why and where it came from in headers,
+ * refuses for that message's content, say) and then alone (see lastChance) — is copied to the
+ * namespace's dead-letter stream (`<NS>_DEAD`, subject `<ns>.dead.<consumer>`) with why and
+ * where it came from in headers,
  * then terminated on its consumer: it is not redelivered for days, and the shard it kept
  * restarting runs on. `ax dead ls` lists what was parked.
  *
@@ -70,6 +71,16 @@ export class DeadLetters {
    */
   exhausted(m: JsMsg): boolean {
     return m.info.deliveryCount > this.o.maxDeliveries && this.o.healthy();
+  }
+
+  /**
+   * An exhausted event batch: split when it holds more than one event (null: settled here), else
+   * its one event's last chance, for the caller to hand to the event's shard.
+   */
+  settleExhausted(m: JsMsg, consumer: string, events: ReadonlyArray<RunEvent & { shard: number }>, executor: string, instance: string): LastChance | null {
+    if (events.length < 2) return this.lastChance(m, consumer);
+    void this.split(m, consumer, events, executor, instance);
+    return null;
   }
 
   /**

@@ -158,7 +158,7 @@ export async function dropStreams(jsm: JetStreamManager, n: Names): Promise<void
  * skips its slots meanwhile, after every shard restart or hand-over. Draining the subscription
  * behind the iterator has the server stop first, and the messages already sent still reach the
  * consumer's loop (which hands them back or processes them) before the iterator ends; measured
- * on this machine, ten close-and-reopen cycles under a steady publish stranded 4-6 messages with
+ * on this machine, ten close-and-reopen cycles under a steady publish stranded 4-8 messages with
  * close() and none with this. The subscription is the library's own field (its own connection
  * drain takes the same path): if it is missing, this falls back to close().
  */

@@ -93,11 +93,10 @@ export class NodeEvents {
       if (this.d.dead) void this.d.dead.park(m, "node-events", "malformed", `malformed event batch: ${dec.reason}`); else m.term();
       return;
     }
-    // Failed on every delivery so far: split when it holds more than one event (DeadLetters.split);
-    // one event is tried once more alone, and parked if that fails (DeadLetters.lastChance).
-    const exhausted = this.d.dead?.exhausted(m) ? this.d.dead : undefined;
-    if (exhausted && dec.value.events.length > 1) { void exhausted.split(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance); return; }
-    const park = exhausted?.lastChance(m, "node-events").park;
+    // Failed on every delivery so far: split, or its one event's last chance (DeadLetters.settleExhausted).
+    const lastChance = this.d.dead?.exhausted(m) ? this.d.dead.settleExhausted(m, "node-events", dec.value.events, dec.value.executor, dec.value.instance) : undefined;
+    if (lastChance === null) return;
+    const park = lastChance?.park;
     this.stats.batches++;
     const parts = splitByShard(dec.value.events);
     let open = parts.size;

@@ -49,15 +49,12 @@ export class ShardConsumers {
       const dec = decodeEventBatchV1(m.data);
       if (!dec.ok) { this.park(m, "shard-events", "malformed", `malformed event batch: ${dec.reason}`); return; }
       if (dec.value.shard !== this.d.shard) { this.park(m, "shard-events", "wrong-shard", `event batch for shard ${dec.value.shard} on shard ${this.d.shard}'s subject`); return; }
-      // Failed on every delivery so far: split when it holds more than one event (DeadLetters.split);
-      // one event is tried once more alone, and parked if that fails (DeadLetters.lastChance).
-      if (this.d.dead?.exhausted(m)) {
-        const shard = this.d.shard;
-        if (dec.value.events.length > 1) void this.d.dead.split(m, "shard-events", dec.value.events.map((ev) => ({ ...ev, shard })), dec.value.executor, dec.value.instance);
-        else this.d.onEvents(dec.value.events, dec.value.instance, this.d.dead.lastChance(m, "shard-events"));
-        return;
-      }
-      this.d.onEvents(dec.value.events, dec.value.instance, m);
+      // Failed on every delivery so far: split, or its one event's last chance (DeadLetters.settleExhausted).
+      const shard = this.d.shard;
+      const msg = this.d.dead?.exhausted(m)
+        ? this.d.dead.settleExhausted(m, "shard-events", dec.value.events.map((ev) => ({ ...ev, shard })), dec.value.executor, dec.value.instance)
+        : m;
+      if (msg) this.d.onEvents(dec.value.events, dec.value.instance, msg);
     });
     this.loop("trigger", trMsgs, (m) => {
       const dec = decode(DependencyTriggerSchema, m.data);

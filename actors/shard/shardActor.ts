@@ -127,8 +127,14 @@ function lastChance(m: Mail): boolean {
 }
 
 /** A failed round's message: parked if it was a last chance decided alone, else handed back with its back-off. */
-function failed(m: Ackable, alone: boolean): void {
-  if (alone && m.park) m.park(); else nakLater(m);
+function failed(m: Ackable, alone: Ackable | null): void {
+  if (m === alone && m.park) m.park(); else nakLater(m);
+}
+
+/** The message of a round decided for it alone (see loop): if that round fails, the failure is its own. */
+function aloneIn(batch: Mail[]): Ackable | null {
+  const m = batch.length === 1 ? batch[0]! : null;
+  return m && (m.t === "events" || m.t === "trigger") ? m.msg : null;
 }
 
 /** An Ackable that passes on only its first ack or nak. */
@@ -406,7 +412,7 @@ export class ShardActor implements EventSink {
           // (fires that were not recorded are still due there; events come back unacked).
           this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round failed; shard restarts from PostgreSQL");
           for (const m of batch) {
-            if (m.t === "events" || m.t === "trigger") failed(m.msg, suspect === 0);
+            if (m.t === "events" || m.t === "trigger") failed(m.msg, aloneIn(batch));
             if (m.t === "cmd") m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} is restarting: ${String(e)}; retry`).toJSON() });
           }
           this.restart(`round failed: ${String(e)}`);
@@ -496,8 +502,7 @@ export class ShardActor implements EventSink {
     // The node's round (Persister) writes this round with the other shards' and publishes its runs
     // in one message per executor; each run row names the message that carries it.
     const submitted = this.d.persister.submit(round.write, round.dispatch);
-    // A message decided alone (see loop): if its round fails, the failure is its own.
-    const alone = batch.length === 1 && (batch[0]!.t === "events" || batch[0]!.t === "trigger") ? batch[0]!.msg : null;
+    const alone = aloneIn(batch);
     const done = this.tail.then(() => this.finishRound(round, submitted, alone))
       .catch((e: unknown) => this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "handling a written round failed"));
     this.tail = done;
@@ -522,7 +527,7 @@ export class ShardActor implements EventSink {
     } catch (e) {
       // Not durable: the only consistent state is PostgreSQL's. The events come back unacked; the
       // supervisor loads the shard afresh.
-      for (const m of round.acks) failed(m, m === alone); // a failure: backed off, and counted towards parking
+      for (const m of round.acks) failed(m, alone); // a failure: backed off, and counted towards parking
       if (this.state === "stopped") return; // an earlier round, or the lease, stopped it already
       this.log.error({ err: e instanceof Error ? e.stack : String(e) }, "round write failed; shard restarts from PostgreSQL");
       this.restart(`round write failed: ${String(e)}`);
