@@ -58,8 +58,10 @@ describe("dead-letter parking", () => {
     expect(d).toBeDefined();
     expect(["node-events", "shard-events"]).toContain(d!.consumer);
     expect(d!.subject.startsWith(`${tc.ns}.events.`)).toBe(true);
-    expect(d!.reason).toMatch(/failed in a round of its own on delivery 3, after 2 failed deliveries/);
-    expect(d!.deliveries).toBe(3); // failed twice, then alone on its third delivery, and parked
+    // Failed twice (AX_DEAD_AFTER 2), then alone, and parked: on its third delivery, or later if a
+    // restart of its shard handed it back while it waited (JetStream counts every hand-back).
+    expect(d!.deliveries).toBeGreaterThanOrEqual(3);
+    expect(d!.reason).toBe(`failed in a round of its own on delivery ${d!.deliveries}, after ${d!.deliveries - 1} failed deliveries`);
     expect(d!.originalSeq).toBeGreaterThan(0);
 
     // Terminated, not redelivered: no more restarts, and the every-second task fires at full rate.
