@@ -171,6 +171,8 @@ export class ShardActor implements EventSink {
   /** What the shard remembers and decides with (decide.ts). */
   private readonly decisions: ShardDecisions;
   private mail: Mail[] = [];
+  /** Last chances in `mail` (see lastChance): while none waits and the actor is not careful, a round takes the whole mail without looking. */
+  private lastChancesInMail = 0;
   /** The mail of the rounds in progress, being decided or written (handed back by fence(), see there). */
   private readonly inRounds = new Set<Mail[]>();
   /** The mailbox loop is deciding rounds (it stops when the mailbox is empty). */
@@ -329,6 +331,7 @@ export class ShardActor implements EventSink {
     // Settled once: fence() hands back the messages of a round still in progress, and that round
     // may end later and settle them again (a node-level batch counts its parts' settlements).
     if (m.t === "events" || m.t === "trigger") m = { ...m, msg: once(m.msg) };
+    if (lastChance(m)) this.lastChancesInMail++;
     this.mail.push(m);
     if (this.deciding) return;
     // Completions wait for the next step (see eventsSoon); anything else starts a round now, and
@@ -398,9 +401,10 @@ export class ShardActor implements EventSink {
         // A last chance, and after a failure a redelivered message, is a round of its own, alone in
         // the shard's writes (see ShardActorDeps.careful); the mail before it is one round, as usual.
         const careful = this.d.clock.monotonic() < this.carefulUntil;
-        const suspect = this.mail.findIndex((m) => lastChance(m) || (careful && redelivered(m)));
+        const suspect = careful || this.lastChancesInMail > 0 ? this.mail.findIndex((m) => lastChance(m) || (careful && redelivered(m))) : -1;
         if (suspect === 0 && this.writing.length) { await Promise.all(this.writing); continue; }
         const batch = suspect === 0 ? this.mail.splice(0, 1) : suspect > 0 ? this.mail.splice(0, suspect) : this.mail.splice(0);
+        if (suspect === 0 && lastChance(batch[0]!)) this.lastChancesInMail--;
         this.inRounds.add(batch);
         try {
           await this.round(batch);
@@ -689,6 +693,7 @@ export class ShardActor implements EventSink {
       else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
     }
     this.mail = [];
+    this.lastChancesInMail = 0;
     this.inRounds.clear();
     this.log.warn({ reason }, reason === "lease lost" ? "lease:lost — shard stopped" : "shard:stopped");
   }
