@@ -3,7 +3,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JsMsg } from "@nats-io/jetstream";
 import { connectNats, loadNatsSettings, names, silentLogger, type Logger, type Names, type NatsSettings } from "../common/index.ts";
 import { DispatchBatchSchema, DispatchRunSchema, MAX_RESULT_BYTES, decode, encode, isInt, type DispatchBatch, type DispatchRun, type RunEvent, type Failure } from "./messages.ts";
-import { closeGently, ensureExecutorConsumer, ensureStreams } from "./jetstream.ts";
+import { closeGently, ensureExecutorConsumer, ensureStreams, handBack } from "./jetstream.ts";
 import { RecentPublishes, watchReconnects, type RecentPublish } from "./republish.ts";
 import { HoldClock } from "./hold.ts";
 
@@ -305,7 +305,7 @@ export class Executor {
     this.stopConsume = () => { void closeGently(messages).catch(() => undefined); };
     this.loop = (async () => {
       for await (const m of messages) {
-        if (this.stopping) { m.nak(); continue; }
+        if (this.stopping) { handBack(m); continue; }
         const p = this.onMessage(m).catch((e) => this.log.error({ err: e }, "dispatch handling failed"));
         this.inflightMessages.add(p);
         void p.finally(() => this.inflightMessages.delete(p));

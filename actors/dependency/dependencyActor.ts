@@ -1,6 +1,6 @@
 import type { JetStreamClient, JsMsg, ConsumerMessages } from "@nats-io/jetstream";
 import type { Logger, Names } from "../../common/index.ts";
-import { DEPENDENCY_CONSUMER, OutcomeBatchSchema, closeGently, decode, derivedRunId, encode, nakLater, type DeadLetters, type DependencyTrigger, type Outcome } from "../../protocol/index.ts";
+import { DEPENDENCY_CONSUMER, OutcomeBatchSchema, closeGently, decode, handBack, derivedRunId, encode, nakLater, type DeadLetters, type DependencyTrigger, type Outcome } from "../../protocol/index.ts";
 import type { Downstream, Edge, EdgeTransaction, Store } from "../store/index.ts";
 
 export interface DependencyActorDeps {
@@ -69,7 +69,7 @@ export class DependencyActor {
     const msgs = this.messages;
     this.loop = (async () => {
       for await (const m of msgs) {
-        if (this.stopped) { m.nak(); continue; } // on its way as the pull stopped (closeGently): the next reader's
+        if (this.stopped) { handBack(m); continue; } // on its way as the pull stopped (closeGently): the next reader's
         // Serial within a node; across nodes the edge row locks serialize.
         this.enqueue(() => this.onMessage(m), (e) => {
           this.d.log.error({ err: String(e) }, "dependency outcome failed; redelivering");

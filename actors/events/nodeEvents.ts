@@ -101,8 +101,8 @@ export class NodeEvents {
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
     let failed = false;
-    // The longest delay a part asked for: 1 s for a hand-back (a shard that moved), the back-off of
-    // nakLater (from this message's delivery count, which parts carry) for a failed round.
+    // The longest delay a part asked for: HAND_BACK_DELAY_MS for a hand-back (a shard that moved),
+    // the back-off of nakLater (from this message's delivery count, which parts carry) for a failed round.
     let delayMs = 0;
     const settle = () => { if (--open === 0) { if (failed) m.nak(delayMs); else m.ack(); } };
     for (const [shard, events] of parts) {

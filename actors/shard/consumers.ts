@@ -3,7 +3,7 @@ import { jetstreamManager, type ConsumerMessages, type JetStreamClient, type JsM
 import type { Logger, Names } from "../../common/index.ts";
 import type { Ackable } from "../events/index.ts";
 import {
-  DependencyTriggerSchema, closeGently, decode, decodeEventBatchV1, ensureShardConsumer,
+  DependencyTriggerSchema, closeGently, decode, decodeEventBatchV1, ensureShardConsumer, handBack,
   type DeadCause, type DeadLetters, type DependencyTrigger, type RunEvent,
 } from "../../protocol/index.ts";
 
@@ -75,7 +75,7 @@ export class ShardConsumers {
   private loop(kind: string, msgs: ConsumerMessages, handle: (m: JsMsg) => void): void {
     void (async () => {
       for await (const m of msgs) {
-        if (!this.d.active()) { m.nak(); continue; } // handed back at once for the next owner
+        if (!this.d.active()) { handBack(m); continue; } // for the next owner
         handle(m);
       }
     })().then(() => this.d.onEnded(`${kind} consumer ended`), (e) => this.d.onEnded(`${kind} consumer failed: ${String(e)}`));

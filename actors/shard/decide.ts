@@ -1,5 +1,5 @@
 import { AxError, type Clock, type Logger } from "../../common/index.ts";
-import { derivedRunId, newRunId, runToken, tokenMatches, type DeliveryView, type EventCatchUp, type RunEvent, type DependencyTrigger } from "../../protocol/index.ts";
+import { derivedRunId, handBack, newRunId, runToken, tokenMatches, type DeliveryView, type EventCatchUp, type RunEvent, type DependencyTrigger } from "../../protocol/index.ts";
 import { applyEvent, busyForbidden, type TaskEvent, type TaskRecord } from "../machine/index.ts";
 import type { Horizon } from "./horizon.ts";
 import { decideEvent } from "./runEvents.ts";
@@ -192,7 +192,7 @@ export class ShardDecisions {
   /** Everything in flight is forgotten and its places given back (the shard stops or is fenced). */
   dropInFlight(): void {
     // Held triggers go back to JetStream at once, for the next owner.
-    for (const m of this.heldTriggerMessages()) m.nak();
+    for (const m of this.heldTriggerMessages()) handBack(m);
     this.heldTriggers.clear();
     this.triggersWaitingForPlace.clear(); // (their waiters wake to nothing)
     for (const executor of this.triggerPlaces.values()) this.p.limiter.release(executor);

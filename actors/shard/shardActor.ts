@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { AxError, type Clock, type Logger, type Names, type TimerHandle } from "../../common/index.ts";
 import {
-  DEPENDENCY_ACK_WAIT_MS, EventCatchUp, connectionUptime, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
+  DEPENDENCY_ACK_WAIT_MS, EventCatchUp, connectionUptime, handBack, noteJetStreamTrouble, type DeliveryView, jetStreamProgress, nakLater, nodeEventsConsumer, shardEventsConsumer, type DeadLetters, type RunEvent,
 } from "../../protocol/index.ts";
 import type { TaskRecord } from "../machine/index.ts";
 import { Horizon } from "./horizon.ts";
@@ -538,7 +538,7 @@ export class ShardActor implements EventSink {
       return;
     }
     if (result.stale) {
-      for (const m of round.acks) m.nak();
+      for (const m of round.acks) handBack(m);
       if (this.state === "stopped") return;
       this.log.error("epoch is no longer current: write refused, shard stops");
       this.restart("epoch is no longer current");
@@ -690,7 +690,7 @@ export class ShardActor implements EventSink {
     // counts) must reach the next owner now, not after the ack wait.
     for (const m of [...[...this.inRounds].flat(), ...this.mail]) {
       if (m.t === "cmd") { if (this.mail.includes(m)) m.reply({ ok: false, error: new AxError("AX_E_UNAVAILABLE", `shard ${this.shard} lost its lease; retry`).toJSON() }); }
-      else if (m.t === "events" || m.t === "trigger") m.msg.nak(); // back to JetStream for the next owner
+      else if (m.t === "events" || m.t === "trigger") handBack(m.msg); // back to JetStream for the next owner
     }
     this.mail = [];
     this.lastChancesInMail = 0;
