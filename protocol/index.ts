@@ -7,7 +7,7 @@ export {
 export { newRunId, derivedRunId, runToken, tokenMatches } from "./ids.ts";
 export {
   ensureStreams, missingStreams, ensureExecutorConsumer, ensureShardConsumers, ensureShardConsumer, ensureNodeEventsConsumer, dropStreams,
-  shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER, DEPENDENCY_ACK_WAIT_MS, closeGently, handBack, HAND_BACK_DELAY_MS,
+  shardEventsConsumer, nodeEventsConsumer, NODE_EVENTS_CONSUMER_RE, shardTriggerConsumer, DEPENDENCY_CONSUMER, DEPENDENCY_ACK_WAIT_MS, closeGently, handBack,
 } from "./jetstream.ts";
 export { DispatchDelivery, type DeliveryView } from "./delivery.ts";
 export { ConsumerWatch, EventCatchUp, connectionUptime, consumerStalled, noteJetStreamTrouble, jetStreamProgress, type ConsumerProgress, type ConsumerSample } from "./catchUp.ts";

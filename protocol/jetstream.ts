@@ -151,7 +151,7 @@ export async function dropStreams(jsm: JetStreamManager, n: Names): Promise<void
 }
 
 /** See handBack. */
-export const HAND_BACK_DELAY_MS = 100;
+const HAND_BACK_DELAY_MS = 100;
 
 /**
  * Gives a message back to JetStream for another reader (this one stops, or its shard moved):

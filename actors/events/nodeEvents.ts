@@ -101,7 +101,7 @@ export class NodeEvents {
     const parts = splitByShard(dec.value.events);
     let open = parts.size;
     let failed = false;
-    // The longest delay a part asked for: HAND_BACK_DELAY_MS for a hand-back (a shard that moved),
+    // The longest delay a part asked for: 100 ms for a hand-back (a shard that moved; protocol.handBack),
     // the back-off of nakLater (from this message's delivery count, which parts carry) for a failed round.
     let delayMs = 0;
     const settle = () => { if (--open === 0) { if (failed) m.nak(delayMs); else m.ack(); } };
