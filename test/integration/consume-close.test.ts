@@ -56,7 +56,7 @@ async function cycles(consumer: "gently" | "abruptly", stop: (m: ConsumerMessage
     let stopping = false;
     const loop = (async () => {
       for await (const m of messages) {
-        // As a shard actor that stopped does: what comes after the stop goes back at once.
+        // As a shard actor that stopped does: what comes after the stop is handed back.
         if (stopping) { handBack(m); handedBack++; continue; }
         acked.add(m.seq); m.ack();
       }
@@ -79,8 +79,12 @@ async function cycles(consumer: "gently" | "abruptly", stop: (m: ConsumerMessage
   // One last reader takes what is left; a message dropped by a stop stays pending behind it.
   const last = await (await jetstream(nc).consumers.get(STREAM, consumer)).consume({ max_messages: 256, expires: 30_000 });
   const tail = (async () => { for await (const m of last) { acked.add(m.seq); m.ack(); } })();
-  await waitFor(async () => acked.size >= published || ((await jsm.consumers.info(STREAM, consumer)).num_pending === 0 && acked.size >= published - (await jsm.consumers.info(STREAM, consumer)).num_ack_pending),
-    10_000, "the last reader to take what is left");
+  // Done when everything is read, or all that is left is pending behind a stop (stranded).
+  await waitFor(async () => {
+    if (acked.size >= published) return true;
+    const info = await jsm.consumers.info(STREAM, consumer);
+    return info.num_pending === 0 && acked.size >= published - info.num_ack_pending;
+  }, 10_000, "the last reader to take what is left");
   await new Promise((r) => setTimeout(r, 500)); // hand-backs still on their way
   await last.close(); await tail;
   await pubNc.close();
