@@ -301,7 +301,7 @@ export class Executor {
     // re-issued, within 2 s instead of 30 s of undelivered dispatches (5 s pulls added 5 s to the
     // recovery from a killed NATS leader; an idle instance's pull every 2 s costs nothing).
     const messages = await consumer.consume({ max_messages: Math.max(8, Math.min(256, this.slots)), expires: DISPATCH_PULL_EXPIRES_MS });
-    // Gently: dispatches on their way when it stops are handed back at once, not after the 30 s ack wait.
+    // Gently: dispatches on their way when it stops are handed back (handBack, 100 ms), not after the 30 s ack wait.
     this.stopConsume = () => { void closeGently(messages).catch(() => undefined); };
     this.loop = (async () => {
       for await (const m of messages) {

@@ -16,7 +16,7 @@ export interface ShardConsumersDeps {
   /** Lifetime of each pull request (see ShardActorDeps.pullExpiresMs). */
   pullExpiresMs?: number;
   dead?: DeadLetters;
-  /** The shard is active: messages are handed over; otherwise nak'ed at once for the next owner. */
+  /** The shard is active: messages are handed over; otherwise handed back (protocol.handBack) for the next owner. */
   active: () => boolean;
   onEvents: (events: RunEvent[], instance: string, msg: Ackable) => void;
   onTrigger: (trig: DependencyTrigger, msg: Ackable) => void;

@@ -191,7 +191,7 @@ export class ShardDecisions {
 
   /** Everything in flight is forgotten and its places given back (the shard stops or is fenced). */
   dropInFlight(): void {
-    // Held triggers go back to JetStream at once, for the next owner.
+    // Held triggers go back to JetStream (handBack), for the next owner.
     for (const m of this.heldTriggerMessages()) handBack(m);
     this.heldTriggers.clear();
     this.triggersWaitingForPlace.clear(); // (their waiters wake to nothing)
